@@ -1,0 +1,5 @@
+"""``python -m autom`` is the ``autom`` command."""
+
+from autom.cli import main
+
+raise SystemExit(main())

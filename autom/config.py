@@ -1,0 +1,153 @@
+"""Settings: built once from the environment (and ``.env`` in the working directory).
+
+``Settings`` is frozen and validated; secrets are excluded from ``repr`` so a
+settings object can be logged. The names and defaults are CONTRACT.md's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dotenv import dotenv_values
+
+from autom.errors import ConfigError
+
+#: Settings that ``autom run`` cannot start without, in the order they are reported.
+REQUIRED_FOR_RUN = (
+    "DATABASE_URL",
+    "TELEGRAM_BOT_TOKEN",
+    "TELEGRAM_ALERT_CHAT_ID",
+    "TELEGRAM_WEBHOOK_SECRET",
+    "SITE_WEBHOOK_SECRET",
+    "ADMIN_TOKEN",
+)
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of the contract; attribute names are the lower-cased variable names."""
+
+    database_url: str | None = field(default=None, repr=False)
+    telegram_bot_token: str | None = field(default=None, repr=False)
+    telegram_alert_chat_id: str | None = None
+    telegram_webhook_secret: str | None = field(default=None, repr=False)
+    site_webhook_secret: str | None = field(default=None, repr=False)
+    admin_token: str | None = field(default=None, repr=False)
+    github_webhook_secret: str | None = field(default=None, repr=False)
+    stripe_webhook_secret: str | None = field(default=None, repr=False)
+    standard_webhook_secret: str | None = field(default=None, repr=False)
+    telegram_api: str = "https://api.telegram.org"
+    host: str = "0.0.0.0"  # noqa: S104 - the container listens on all interfaces
+    port: int = 8000
+    workers: int = 8
+    job_lease_seconds: float = 60.0
+    retry_base_seconds: float = 10.0
+    retry_max_seconds: float = 3600.0
+    http_timeout_seconds: float = 10.0
+    shutdown_grace_seconds: float = 50.0
+    max_body_bytes: int = 1048576
+    queue_lag_alert_seconds: float = 300.0
+    log_format: str = "json"
+    log_level: str = "info"
+    retain_done_days: float = 7.0
+    retain_events_days: float = 30.0
+    tz: str | None = None
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        env_file: str | Path | None = ".env",
+        require: Iterable[str] = (),
+        defaults: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Build settings from ``environ`` (default ``os.environ``) over an optional ``.env`` file.
+
+        The environment wins over the file. ``require`` names settings that must be set
+        (non-empty); the first missing one raises ``ConfigError`` naming it. ``defaults``
+        overrides the contract defaults (``autom dev`` uses it for LOG_FORMAT=text).
+        """
+        values: dict[str, str] = {}
+        if env_file is not None and Path(env_file).is_file():
+            values.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
+        values.update(os.environ if environ is None else environ)
+
+        kwargs: dict[str, Any] = dict(defaults or {})
+        for f in dataclasses.fields(cls):
+            name = f.name.upper()
+            raw = values.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            kwargs[f.name] = _parse(name, raw.strip(), f.type)
+        for name in require:
+            if kwargs.get(name.lower()) in (None, ""):
+                raise ConfigError(f"missing required setting {name}")
+        settings = cls(**kwargs)
+        settings._validate()
+        return settings
+
+    def _validate(self) -> None:
+        positive = {
+            "WORKERS": self.workers, "JOB_LEASE_SECONDS": self.job_lease_seconds,
+            "RETRY_BASE_SECONDS": self.retry_base_seconds, "RETRY_MAX_SECONDS": self.retry_max_seconds,
+            "HTTP_TIMEOUT_SECONDS": self.http_timeout_seconds, "MAX_BODY_BYTES": self.max_body_bytes,
+            "QUEUE_LAG_ALERT_SECONDS": self.queue_lag_alert_seconds,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be greater than 0")
+        for name, value in {
+            "SHUTDOWN_GRACE_SECONDS": self.shutdown_grace_seconds,
+            "RETAIN_DONE_DAYS": self.retain_done_days,
+            "RETAIN_EVENTS_DAYS": self.retain_events_days,
+        }.items():
+            if value < 0:
+                raise ConfigError(f"{name} must not be negative")
+        if not 0 <= self.port <= 65535:  # 0 = any free port (tests)
+            raise ConfigError("PORT must be between 0 and 65535")
+        if self.log_format not in ("json", "text"):
+            raise ConfigError("LOG_FORMAT must be json or text")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError("LOG_LEVEL must be one of debug, info, warning, error, critical")
+        if not re.match(r"^https?://", self.telegram_api):
+            raise ConfigError("TELEGRAM_API must be an http(s) URL")
+        if self.tz is not None:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(self.tz)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ConfigError(f"TZ is not a known time zone: {self.tz!r}") from exc
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (tests, ``autom dev``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name: str, raw: str, typ: Any) -> Any:
+    kind = str(typ)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(raw)
+            return value
+    except ValueError:
+        expected = "a whole number" if kind == "int" else "a number"
+        raise ConfigError(f"{name} must be {expected}, got {raw[:40]!r}") from None
+    return raw
+
+
+def setting_names() -> list[str]:
+    """Every environment variable autom reads, upper-case (for .env.example checks)."""
+    return [f.name.upper() for f in dataclasses.fields(Settings)]

@@ -1,0 +1,196 @@
+-- Every runtime query of autom, by name (see autom/db/queries.py).
+-- Parameters are psycopg's named placeholders: %(name)s.
+-- State changes are single statements guarded by state and lease generation.
+
+-- name: migrations_lock
+-- Serialises migration runners across replicas until the transaction ends.
+select pg_advisory_xact_lock(hashtext('autom.migrations'));
+
+-- name: migrations_table
+create table if not exists schema_migrations (
+    version    integer primary key,
+    name       text not null,
+    applied_at timestamptz not null default now()
+);
+
+-- name: migrations_applied
+select version, name from schema_migrations order by version;
+
+-- name: migrations_record
+insert into schema_migrations (version, name) values (%(version)s, %(name)s);
+
+-- name: enqueue_many
+-- Insert jobs (arrays of equal length); a key that exists already is skipped.
+-- The recipient's lock row is created or told it has a job due (ver+1 keeps a
+-- concurrent claim from retiring it). NOTIFY wakes idle workers of other processes.
+with ins as (
+    insert into jobs (kind, payload, key, recipient, run_at, max_attempts, event_id)
+    select kind, payload::jsonb, key, recipient, coalesce(run_at, now()), max_attempts, event_id
+    from unnest(%(kind)s::text[], %(payload)s::text[], %(key)s::text[], %(recipient)s::text[],
+                %(run_at)s::timestamptz[], %(max_attempts)s::int[], %(event_id)s::bigint[])
+         as t (kind, payload, key, recipient, run_at, max_attempts, event_id)
+    on conflict (key) do nothing
+    returning id, recipient, run_at
+),
+rcpt as (
+    insert into recipients as r (recipient, next_due_at)
+    select recipient, min(run_at) from ins where recipient is not null group by recipient
+    on conflict (recipient) do update
+        set next_due_at = least(r.next_due_at, excluded.next_due_at), ver = r.ver + 1
+),
+wake as (
+    select pg_notify('autom_jobs', '') from ins where ins.run_at <= now() limit 1
+)
+select id from ins, (select count(*) from wake) w order by id;
+
+-- name: claim
+-- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):
+-- at most one per recipient, recipients in least-recently-served order, a
+-- recipient only while it has no unexpired running job; recipient-less jobs by
+-- due time. Each claim takes a new lease generation and counts an attempt.
+with idle as (
+    -- recipients at the front of the line with nothing due: retire them until their
+    -- next job is due, so the fair walk does not trip over drained recipients
+    select r.recipient, f.next_run
+    from (
+        select r0.recipient, r0.ver,
+               (select min(j.run_at) from jobs j
+                 where j.recipient = r0.recipient and j.due_at is not null) as next_run
+        from recipients r0
+        where r0.next_due_at <= now() and (r0.busy_until is null or r0.busy_until < now())
+        order by r0.last_served nulls first
+        limit %(n)s + 10
+    ) f
+    join recipients r on r.recipient = f.recipient
+    where r.ver = f.ver and (f.next_run is null or f.next_run > now())
+    for update of r skip locked
+),
+retire as (
+    update recipients r set next_due_at = i.next_run from idle i where r.recipient = i.recipient
+),
+rc as (
+    select r.recipient, h.id, h.run_at
+    from recipients r
+    cross join lateral (
+        select j.id, j.run_at from jobs j
+        where j.recipient = r.recipient and j.due_at is not null and j.due_at <= now()
+        order by j.run_at
+        limit 1
+    ) h
+    where r.next_due_at <= now() and (r.busy_until is null or r.busy_until < now())
+    order by r.last_served nulls first
+    limit %(n)s
+    for update of r skip locked
+),
+nc as (
+    select null::text as recipient, j.id, j.run_at from jobs j
+    where j.recipient is null and j.due_at <= now()
+    order by j.due_at
+    limit %(n)s
+    for update skip locked
+),
+pick as (
+    select * from (select * from rc union all select * from nc) x order by run_at limit %(n)s
+),
+claimed as (
+    update jobs j
+       set status = 'running', attempts = j.attempts + 1, lease = j.lease + 1,
+           locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+      from pick p
+     where j.id = p.id and j.due_at <= now()
+    returning j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease, j.locked_until,
+              j.recipient, j.key, j.event_id, j.run_at
+),
+mark as (
+    update recipients r set busy_until = c.locked_until, last_served = nextval('recipients_serve_seq')
+      from claimed c where r.recipient = c.recipient
+)
+select * from claimed order by run_at, id;
+
+-- name: complete_many
+-- Mark claims done; only a claim that still holds its lease generation counts.
+with d as (
+    update jobs set status = 'done', finished_at = now(), updated_at = now()
+     where (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
+       and status = 'running'
+    returning id, recipient, locked_until
+),
+free as (
+    update recipients r set busy_until = null
+      from d where r.recipient = d.recipient and r.busy_until = d.locked_until
+)
+select id from d;
+
+-- name: retry_later
+-- A transient failure: back to pending at now + delay (fenced by lease generation).
+with f as (
+    update jobs set status = 'pending', run_at = now() + make_interval(secs => %(delay)s),
+                    last_error = %(error)s, updated_at = now()
+     where id = %(id)s and lease = %(lease)s and status = 'running'
+    returning id, recipient, run_at, locked_until
+),
+free as (
+    update recipients r
+       set busy_until = case when r.busy_until = f.locked_until then null else r.busy_until end,
+           next_due_at = least(r.next_due_at, f.run_at), ver = r.ver + 1
+      from f where r.recipient = f.recipient
+)
+select id, run_at from f;
+
+-- name: fail_final
+-- A permanent failure or the last attempt: failed for good (fenced by lease generation).
+with f as (
+    update jobs set status = 'failed', last_error = %(error)s, finished_at = now(), updated_at = now()
+     where id = %(id)s and lease = %(lease)s and status = 'running'
+    returning id, recipient, locked_until
+),
+free as (
+    update recipients r set busy_until = null
+      from f where r.recipient = f.recipient and r.busy_until = f.locked_until
+)
+select id from f;
+
+-- name: release_many
+-- Shutdown: put unfinished claims back to pending at once; the interrupted attempt
+-- is not counted (attempts - 1), run_at is kept so the job keeps its place.
+with f as (
+    update jobs set status = 'pending', attempts = greatest(attempts - 1, 0), updated_at = now(),
+                    last_error = coalesce(%(reason)s, last_error)
+     where (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
+       and status = 'running'
+    returning id, recipient, run_at, locked_until
+),
+free as (
+    update recipients r
+       set busy_until = case when r.busy_until = f.locked_until then null else r.busy_until end,
+           next_due_at = least(r.next_due_at, f.run_at), ver = r.ver + 1
+      from f where r.recipient = f.recipient
+),
+wake as (select pg_notify('autom_jobs', '') from f limit 1)
+select id from f, (select count(*) from wake) w;
+
+-- name: renew_many
+-- Extend the leases this process holds; returns the claims still held (a missing
+-- one was lost: its lease expired and another claim took the job). The
+-- recipient stays busy at least as long as the lease.
+with r as (
+    update jobs j set locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+      from (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]) as t (id, lease)) t
+     where j.id = t.id and j.lease = t.lease and j.status = 'running'
+    returning j.id, j.recipient, j.locked_until
+),
+busy as (
+    update recipients rc set busy_until = greatest(rc.busy_until, r.locked_until)
+      from r where rc.recipient = r.recipient
+)
+select id, locked_until from r;
+
+-- name: get_job
+select id, kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,
+       event_id, recipient, lease, created_at, updated_at, finished_at
+from jobs where id = %(id)s;
+
+-- name: heartbeat_record
+insert into service_state (name, value, updated_at)
+values ('heartbeat', jsonb_build_object('job_id', %(job_id)s::bigint), now())
+on conflict (name) do update set value = excluded.value, updated_at = excluded.updated_at;

@@ -1,0 +1,65 @@
+"""The one error module of autom.
+
+Third-party errors are translated at the boundary (``raise ... from exc``), so
+code above the boundary only ever sees these::
+
+    AutomError
+    ├── ConfigError              a setting is missing or malformed (exit 1, one line)
+    ├── DatabaseUnavailable      PostgreSQL cannot be reached / the connection broke
+    ├── NotFound                 an operator asked for a job or event that does not exist
+    ├── Conflict                 the operation does not fit the row's state (retry a running job)
+    ├── VerificationError        a webhook failed its sender's verification (401)
+    └── JobError                 raised by handlers to steer the queue
+        ├── PermanentError       do not retry: the job fails for good (4xx but 429)
+        └── TransientError       retry with backoff (5xx, network, timeouts)
+            └── Retry            retry no sooner than ``after`` seconds (429 retry_after)
+
+Any other ``Exception`` escaping a handler counts as transient. ``BaseException``
+(``trio.Cancelled``, ``KeyboardInterrupt``) is never caught by autom.
+"""
+
+from __future__ import annotations
+
+
+class AutomError(Exception):
+    """Base of every error autom raises on purpose."""
+
+
+class ConfigError(AutomError):
+    """A setting is missing or malformed; the message names it and never its value."""
+
+
+class DatabaseUnavailable(AutomError):
+    """PostgreSQL could not be reached, or the connection broke mid-statement."""
+
+
+class NotFound(AutomError):
+    """No job or event has the id an operator asked for."""
+
+
+class Conflict(AutomError):
+    """The row is in a state that does not allow the operation."""
+
+
+class VerificationError(AutomError):
+    """A webhook failed verification; the message is safe to log (no secrets)."""
+
+
+class JobError(AutomError):
+    """Raised by handlers (and the clients they use) to tell the queue what to do."""
+
+
+class PermanentError(JobError):
+    """Retrying cannot help (a 4xx other than 429, bad payload): fail the job now."""
+
+
+class TransientError(JobError):
+    """The world is flaky (5xx, network error, timeout): retry with backoff."""
+
+
+class Retry(TransientError):
+    """Retry, but not sooner than ``after`` seconds from now (HTTP 429 Retry-After)."""
+
+    def __init__(self, message: str, *, after: float) -> None:
+        super().__init__(message)
+        self.after = max(0.0, float(after))

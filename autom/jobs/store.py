@@ -1,0 +1,183 @@
+"""The queue's state changes: enqueue, claim, complete, fail, renew, release.
+
+Every function is one SQL statement from ``queries.sql``, guarded by state and
+the lease generation: a claim increments ``lease``, and complete/fail/renew only
+match ``(id, lease, status='running')``, so a worker whose lease expired and whose
+job was claimed again changes nothing when it wakes up.
+
+The ``*_sync`` helpers take a psycopg connection so they can run inside a caller's
+transaction (the intake stores an event and its jobs in one transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import psycopg
+
+from autom.db.queries import Q
+from autom.jobs.models import Job, NewJob
+from autom.jobs.retry import RetryPolicy, describe, is_final
+
+if TYPE_CHECKING:
+    from autom.db.bridge import Database, Tx
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace NUL characters, which PostgreSQL's jsonb cannot store, with U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> list[int]:
+    """Insert ``jobs`` on ``conn`` (in its transaction); returns the ids of those created.
+
+    A job whose key exists already is skipped (``on conflict (key) do nothing``).
+    """
+    if not jobs:
+        return []
+    params = {
+        "kind": [j.kind for j in jobs],
+        "payload": [json.dumps(_json_safe(j.payload), ensure_ascii=False) for j in jobs],
+        "key": [j.key for j in jobs],
+        "recipient": [j.recipient for j in jobs],
+        "run_at": [j.run_at for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "event_id": [j.event_id for j in jobs],
+    }
+    return [row["id"] for row in conn.execute(Q.enqueue_many, params).fetchall()]
+
+
+def _job(row: dict[str, Any]) -> Job:
+    return Job(
+        id=row["id"], kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
+        max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
+        recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"],
+    )
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """What ``fail`` did: ``status`` is ``pending`` (retry at ``run_at``), ``failed`` (for
+    good: alert), or ``stale`` (this claim no longer held the job: nothing changed)."""
+
+    status: Literal["pending", "failed", "stale"]
+    error: str
+    run_at: datetime | None = None
+
+    @property
+    def final(self) -> bool:
+        """True when the job failed for good by this call (exactly one caller sees this)."""
+        return self.status == "failed"
+
+
+class JobStore:
+    """The queue over one database; lease length and retry policy come from settings."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        lease_seconds: float = 60.0,
+        retry: RetryPolicy | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.db = db
+        self.lease_seconds = float(lease_seconds)
+        self.retry = retry or RetryPolicy()
+        self._rand = rand
+
+    async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
+        """Create ``job``; returns its id, or None when a job with its key exists.
+
+        Inside ``tx`` when given (commits or rolls back with the caller's transaction).
+        """
+        ids = await self.enqueue_many([job], tx)
+        return ids[0] if ids else None
+
+    async def enqueue_many(self, jobs: Sequence[NewJob], tx: Tx | None = None) -> list[int]:
+        """Create several jobs in one statement; returns the ids created (skipped keys omitted)."""
+        runner: Database | Tx = tx if tx is not None else self.db
+        return await runner.run(insert_jobs_sync, list(jobs))
+
+    async def claim(self, n: int = 1) -> list[Job]:
+        """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time)."""
+        rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
+        return [_job(row) for row in rows]
+
+    async def claim_one(self) -> Job | None:
+        """Claim one due job, or None when nothing is due."""
+        jobs = await self.claim(1)
+        return jobs[0] if jobs else None
+
+    async def complete(self, job: Job) -> bool:
+        """Mark the job done; False when this claim no longer holds it."""
+        return job.id in await self.complete_many([job])
+
+    async def complete_many(self, jobs: Iterable[Job]) -> set[int]:
+        """Mark several claims done in one statement; returns the ids that were still held."""
+        jobs = list(jobs)
+        if not jobs:
+            return set()
+        rows = await self.db.fetch_all(Q.complete_many, _claims(jobs))
+        return {row["id"] for row in rows}
+
+    async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
+        """Record a failed attempt: retry later with backoff, or fail for good.
+
+        A ``PermanentError`` or the last attempt ends in ``failed``; anything else is
+        transient and the job waits ``RetryPolicy.delay_for`` (at least a 429's
+        ``retry_after``). Nothing changes when this claim no longer holds the job.
+        """
+        text = describe(error)
+        exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
+        if is_final(exc, job.attempts, job.max_attempts):
+            row = await self.db.fetch_one(Q.fail_final, {"id": job.id, "lease": job.lease, "error": text})
+            return FailOutcome("failed" if row else "stale", text)
+        delay = self.retry.delay_for(exc, job.attempts, self._rand)
+        row = await self.db.fetch_one(
+            Q.retry_later, {"id": job.id, "lease": job.lease, "error": text, "delay": delay}
+        )
+        if row is None:
+            return FailOutcome("stale", text)
+        return FailOutcome("pending", text, row["run_at"])
+
+    async def fail_permanently(self, job: Job, error: str) -> FailOutcome:
+        """Fail the job for good whatever its attempts (no handler, attempts exhausted by crashes)."""
+        row = await self.db.fetch_one(Q.fail_final, {"id": job.id, "lease": job.lease, "error": error})
+        return FailOutcome("failed" if row else "stale", error)
+
+    async def renew(self, jobs: Iterable[Job]) -> dict[int, datetime]:
+        """Extend the leases of these claims; returns {id: new locked_until} for those still held."""
+        jobs = list(jobs)
+        if not jobs:
+            return {}
+        params = {**_claims(jobs), "lease_seconds": self.lease_seconds}
+        rows = await self.db.fetch_all(Q.renew_many, params)
+        return {row["id"]: row["locked_until"] for row in rows}
+
+    async def release(self, jobs: Iterable[Job], reason: str | None = None) -> set[int]:
+        """Put unfinished claims back to pending now, not counting the interrupted attempt."""
+        jobs = list(jobs)
+        if not jobs:
+            return set()
+        rows = await self.db.fetch_all(Q.release_many, {**_claims(jobs), "reason": reason})
+        return {row["id"] for row in rows}
+
+    async def get(self, job_id: int) -> dict[str, Any] | None:
+        """One job row as a dict, or None."""
+        return await self.db.fetch_one(Q.get_job, {"id": job_id})
+
+
+def _claims(jobs: Sequence[Job]) -> dict[str, list[int]]:
+    return {"ids": [j.id for j in jobs], "leases": [j.lease for j in jobs]}

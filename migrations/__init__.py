@@ -1,0 +1,1 @@
+"""Numbered, forward-only SQL migrations; shipped in the wheel as ``autom.migrations``."""

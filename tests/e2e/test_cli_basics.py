@@ -1,0 +1,49 @@
+"""The ``autom`` command as a user runs it: migrate, and the settings error path."""
+
+from __future__ import annotations
+
+from tests.support.proc import clean_env, run_autom
+
+
+def test_migrate_on_a_fresh_database_twice(empty_dsn, tmp_path):
+    first = run_autom("migrate", env=clean_env(DATABASE_URL=empty_dsn), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "applied 0001_events_jobs" in first.stdout
+    second = run_autom("migrate", env=clean_env(DATABASE_URL=empty_dsn), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "database is up to date"
+
+
+def test_run_without_a_required_setting_is_one_line_exit_1(tmp_path):
+    result = run_autom("run", env=clean_env(DATABASE_URL="postgresql://nowhere/x"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "autom: missing required setting TELEGRAM_BOT_TOKEN"
+    assert "Traceback" not in result.stderr
+
+
+def test_malformed_number_is_one_line_exit_1(tmp_path):
+    result = run_autom("migrate", env=clean_env(DATABASE_URL="postgresql://x/y", WORKERS="many"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "autom: WORKERS must be a whole number, got 'many'"
+
+
+def test_dotenv_in_the_working_directory_is_read(tmp_path):
+    (tmp_path / ".env").write_text("DATABASE_URL=postgresql://x/y\nPORT=notaport\n")
+    result = run_autom("migrate", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "PORT must be a whole number" in result.stderr
+
+
+def test_unreachable_database_is_one_line_exit_1(tmp_path):
+    env = clean_env(DATABASE_URL="postgresql://postgres@127.0.0.1:1/none?connect_timeout=1")
+    result = run_autom("migrate", env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_usage_exits_2(tmp_path):
+    assert run_autom("frobnicate", cwd=tmp_path).returncode == 2
+    assert run_autom(cwd=tmp_path).returncode == 2
+    help_text = run_autom("--help", cwd=tmp_path)
+    assert help_text.returncode == 0 and "migrate" in help_text.stdout

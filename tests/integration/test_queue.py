@@ -1,0 +1,230 @@
+"""The queue core against a real PostgreSQL: the article's five, fencing, transactions, fairness."""
+
+from __future__ import annotations
+
+import trio
+
+from autom.errors import PermanentError, Retry
+from autom.jobs.models import NewJob
+from autom.jobs.retry import RetryPolicy
+from autom.jobs.store import JobStore
+
+
+def make_store(db, *, lease=30.0, base=0.05, cap=1.0) -> JobStore:
+    return JobStore(db, lease_seconds=lease, retry=RetryPolicy(base=base, cap=cap))
+
+
+async def wait_for_claim(store: JobStore, timeout: float = 5.0):
+    """Poll until a job can be claimed (the condition, not a fixed sleep)."""
+    with trio.fail_after(timeout):
+        while True:
+            job = await store.claim_one()
+            if job is not None:
+                return job
+            await trio.sleep(0.02)
+
+
+async def test_same_key_is_created_once(db):
+    store = make_store(db)
+    first = await store.enqueue(NewJob("k", key="order:1"))
+    second = await store.enqueue(NewJob("k", key="order:1"))
+    assert first is not None and second is None
+    assert await db.fetch_val("select count(*) from jobs where key = 'order:1'") == 1
+    # jobs without a key are never deduplicated
+    assert None not in [await store.enqueue(NewJob("k")) for _ in range(3)]
+    assert await db.fetch_val("select count(*) from jobs where key is null") == 3
+
+
+async def test_thirty_parallel_claims_take_twenty_jobs_each_exactly_once(db):
+    store = make_store(db)
+    await store.enqueue_many([NewJob("k", payload={"n": i}) for i in range(20)])
+    results: list = []
+
+    async def claimer():
+        results.append(await store.claim_one())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(30):
+            nursery.start_soon(claimer)
+    claimed = [job.id for job in results if job is not None]
+    assert len(claimed) == 20
+    assert len(set(claimed)) == 20
+    assert results.count(None) == 10
+    rows = await db.fetch_all("select status, attempts, lease from jobs")
+    assert all(r["status"] == "running" and r["attempts"] == 1 and r["lease"] == 1 for r in rows)
+
+
+async def test_failed_attempts_wait_out_their_delay_then_fail_for_good(db):
+    store = make_store(db, base=0.2, cap=0.2)
+    job_id = await store.enqueue(NewJob("flaky", max_attempts=3))
+    job = await wait_for_claim(store)
+    for attempt in (1, 2, 3):
+        assert job.id == job_id and job.attempts == attempt
+        started = trio.current_time()
+        outcome = await store.fail(job, RuntimeError(f"boom {attempt}"))
+        if attempt < 3:
+            assert outcome.status == "pending"
+            assert await store.claim_one() is None  # not before its delay (0.2 s ± 20 %)
+            job = await wait_for_claim(store)
+            assert trio.current_time() - started >= 0.15
+        else:
+            assert outcome.status == "failed" and outcome.final
+    row = await store.get(job_id)
+    assert row["status"] == "failed"
+    assert row["attempts"] == 3
+    assert row["last_error"] == "RuntimeError: boom 3"
+    assert row["finished_at"] is not None
+    assert await store.claim_one() is None
+
+
+async def test_permanent_error_fails_after_one_attempt(db):
+    store = make_store(db)
+    await store.enqueue(NewJob("send"))
+    job = await store.claim_one()
+    outcome = await store.fail(job, PermanentError("telegram: HTTP 400 chat not found"))
+    assert outcome.final
+    row = await store.get(job.id)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+
+
+async def test_retry_after_is_honoured(db):
+    store = make_store(db, base=0.01, cap=0.01)
+    await store.enqueue(NewJob("send"))
+    job = await store.claim_one()
+    await store.fail(job, Retry("telegram: HTTP 429", after=30))
+    waited = await db.fetch_val("select extract(epoch from run_at - now()) from jobs where id = %s", [job.id])
+    assert 29 <= waited <= 31
+
+
+async def test_job_stuck_in_running_comes_back_when_its_lease_expires(db):
+    store = make_store(db, lease=0.3)
+    job_id = await store.enqueue(NewJob("slow"))
+    first = await store.claim_one()
+    assert first.id == job_id
+    assert await store.claim_one() is None  # held by the lease
+    second = await wait_for_claim(store)
+    assert second.id == job_id
+    assert (second.attempts, second.lease) == (2, 2)
+
+
+async def test_stale_claim_changes_nothing_after_another_claim_took_the_job(db):
+    store = make_store(db, lease=0.2)
+    await store.enqueue(NewJob("slow", recipient="chat-1"))
+    stale = await store.claim_one()
+    fresh = await wait_for_claim(store)
+    assert fresh.id == stale.id and fresh.lease == stale.lease + 1
+
+    assert await store.complete(stale) is False
+    assert (await store.fail(stale, RuntimeError("late"))).status == "stale"
+    assert (await store.fail(stale, PermanentError("late"))).status == "stale"
+    assert await store.renew([stale]) == {}
+    assert await store.release([stale]) == set()
+    row = await store.get(fresh.id)
+    assert (row["status"], row["lease"], row["last_error"]) == ("running", 2, None)
+
+    renewed = await store.renew([fresh])
+    assert set(renewed) == {fresh.id}
+    assert await store.complete(fresh) is True
+    assert (await store.get(fresh.id))["status"] == "done"
+
+
+async def test_renew_keeps_a_long_job_from_being_claimed_again(db):
+    store = make_store(db, lease=0.4)
+    await store.enqueue(NewJob("long"))
+    job = await store.claim_one()
+    for _ in range(4):  # 0.8 s: twice the lease
+        await trio.sleep(0.2)
+        assert set(await store.renew([job])) == {job.id}
+        assert await store.claim_one() is None
+    assert await store.complete(job)
+
+
+async def test_enqueue_in_a_rolled_back_transaction_leaves_no_job(db):
+    store = make_store(db)
+
+    class Boom(Exception):
+        pass
+
+    try:
+        async with db.transaction() as tx:
+            event_id = await tx.fetch_val(
+                "insert into events (source, body) values ('site', '{}') returning id"
+            )
+            await store.enqueue(NewJob("site.form", event_id=event_id), tx)
+            raise Boom
+    except Boom:
+        pass
+    assert await db.fetch_val("select count(*) from jobs") == 0
+    assert await db.fetch_val("select count(*) from events") == 0
+
+
+async def test_enqueue_in_a_committed_transaction_keeps_event_and_job(db):
+    store = make_store(db)
+    async with db.transaction() as tx:
+        event_id = await tx.fetch_val("insert into events (source, body) values ('site', '{}') returning id")
+        job_id = await store.enqueue(NewJob("site.form", event_id=event_id), tx)
+    row = await store.get(job_id)
+    assert row["event_id"] == event_id
+    assert await db.fetch_val("select count(*) from events where id = %s", [event_id]) == 1
+
+
+async def test_release_puts_the_job_back_without_counting_the_attempt(db):
+    store = make_store(db)
+    await store.enqueue(NewJob("k", recipient="chat-9"))
+    job = await store.claim_one()
+    assert await store.release([job], reason="shutdown") == {job.id}
+    again = await store.claim_one()
+    assert again.id == job.id and again.attempts == 1 and again.lease == 2
+
+
+async def test_a_recipient_with_a_backlog_does_not_hold_back_another(db):
+    store = make_store(db)
+    await store.enqueue_many([NewJob("telegram.message", recipient="big") for _ in range(300)])
+    lone = await store.enqueue(NewJob("telegram.message", recipient="small"))
+    order = []
+    for _ in range(5):
+        job = await store.claim_one()
+        order.append(job.id)
+        await store.complete(job)
+    assert lone in order[:2]
+
+
+async def test_one_recipient_runs_one_job_at_a_time_in_run_at_order(db):
+    store = make_store(db)
+    ids = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(3)])
+    first = await store.claim(10)
+    assert [j.id for j in first] == [ids[0]]  # only the head; the others wait
+    assert await store.claim(10) == []
+    await store.complete(first[0])
+    second = await store.claim(10)
+    assert [j.id for j in second] == [ids[1]]
+
+
+async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
+    """16 claimers, batches, 20 recipients; a unique index turns any violation into an error."""
+    await db.execute(
+        "create unique index one_running_per_recipient on jobs (recipient) where status = 'running'"
+    )
+    store = make_store(db)
+    jobs = [NewJob("m", recipient=f"r{i % 20}") for i in range(400)]
+    jobs += [NewJob("free") for _ in range(100)]
+    await store.enqueue_many(jobs)
+    done: list[int] = []
+
+    async def claimer():
+        idle = 0
+        while idle < 3:
+            batch = await store.claim(5)
+            if not batch:
+                idle += 1
+                await trio.sleep(0.01)
+                continue
+            idle = 0
+            await trio.sleep(0.001)
+            done.extend(await store.complete_many(batch))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(16):
+            nursery.start_soon(claimer)
+    assert len(done) == 500 and len(set(done)) == 500
+    assert await db.fetch_val("select count(*) from jobs where status <> 'done'") == 0

@@ -1,0 +1,57 @@
+"""The backoff: grows exponentially, jitters ±20 %, never exceeds the cap."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autom.errors import PermanentError, Retry, TransientError
+from autom.jobs.retry import RetryPolicy, describe, is_final
+
+
+def test_delay_doubles_per_attempt_without_jitter():
+    policy = RetryPolicy(base=10, cap=3600)
+    mid = [policy.delay(n, rand=lambda: 0.5) for n in range(1, 8)]
+    assert mid == [10, 20, 40, 80, 160, 320, 640]
+
+
+@pytest.mark.parametrize("attempt", range(1, 40))
+def test_jitter_bounds_and_cap(attempt):
+    policy = RetryPolicy(base=10, cap=3600)
+    raw = min(3600, 10 * 2 ** (attempt - 1))
+    low = policy.delay(attempt, rand=lambda: 0.0)
+    high = policy.delay(attempt, rand=lambda: 0.999999)
+    assert low == pytest.approx(raw * 0.8)
+    assert high <= 3600
+    assert high == pytest.approx(min(3600, raw * 1.2), rel=1e-5)
+    rng = random.Random(attempt)
+    for _ in range(200):
+        d = policy.delay(attempt, rand=rng.random)
+        assert raw * 0.8 <= d <= min(3600, raw * 1.2)
+
+
+def test_delay_never_decreases_in_expectation_and_survives_huge_attempts():
+    policy = RetryPolicy(base=10, cap=3600)
+    mids = [policy.delay(n, rand=lambda: 0.5) for n in range(1, 200)]
+    assert mids == sorted(mids)
+    assert policy.delay(10**6) <= 3600
+
+
+def test_retry_after_sets_a_floor():
+    policy = RetryPolicy(base=1, cap=10)
+    assert policy.delay_for(Retry("429", after=42), 1, rand=lambda: 0.5) == 42
+    assert policy.delay_for(Retry("429", after=0.1), 3, rand=lambda: 0.5) == 4
+
+
+def test_final_when_permanent_or_out_of_attempts():
+    assert is_final(PermanentError("400"), 1, 8)
+    assert not is_final(TransientError("502"), 7, 8)
+    assert is_final(TransientError("502"), 8, 8)
+    assert not is_final(RuntimeError("bug"), 1, 8)
+
+
+def test_describe_is_one_line_and_bounded():
+    assert describe(RuntimeError("a\nb")) == "RuntimeError: a b"
+    assert describe(ValueError()) == "ValueError"
+    assert len(describe("x" * 5000, limit=100)) == 100
