@@ -1,0 +1,49 @@
+"""Webhook sources: who may post to ``POST /hooks/{name}`` and what their deliveries mean.
+
+Each source (CONTRACT.md, Sources) verifies a delivery as its sender documents
+it, names the redelivery key, and turns a verified body into jobs. A source is
+enabled when its secret is set; ``enabled_sources`` builds the enabled ones.
+"""
+
+from __future__ import annotations
+
+from autom.config import Settings
+from autom.sources.base import Headers, Parsed, ParseError, Source
+from autom.sources.github import GitHubSource
+from autom.sources.site import SiteSource
+from autom.sources.standard import StandardSource
+from autom.sources.stripe import StripeSource
+from autom.sources.telegram import TelegramSource
+
+__all__ = [
+    "GitHubSource",
+    "Headers",
+    "ParseError",
+    "Parsed",
+    "SiteSource",
+    "Source",
+    "StandardSource",
+    "StripeSource",
+    "TelegramSource",
+    "enabled_sources",
+]
+
+
+def enabled_sources(settings: Settings) -> dict[str, Source]:
+    """The sources whose secret is set (non-empty), by name, in the contract's order.
+
+    Raises ``ConfigError`` if STANDARD_WEBHOOK_SECRET is set but is not ``whsec_<base64>``,
+    so a mistyped secret stops start-up instead of rejecting every delivery.
+    """
+    sources: list[Source] = []
+    if settings.telegram_webhook_secret:
+        sources.append(TelegramSource(settings.telegram_webhook_secret))
+    if settings.site_webhook_secret:
+        sources.append(SiteSource(settings.site_webhook_secret))
+    if settings.github_webhook_secret:
+        sources.append(GitHubSource(settings.github_webhook_secret))
+    if settings.stripe_webhook_secret:
+        sources.append(StripeSource(settings.stripe_webhook_secret))
+    if settings.standard_webhook_secret:
+        sources.append(StandardSource(settings.standard_webhook_secret))
+    return {source.name: source for source in sources}

@@ -1,0 +1,61 @@
+"""The ``site`` source: our own web site's forms, signed with a shared secret.
+
+The site sends ``X-Signature: sha256=<hex HMAC-SHA256 of the raw body>`` keyed
+with SITE_WEBHOOK_SECRET. The scheme has no timestamp, so a captured delivery can
+be replayed; giving each submission an ``id`` makes replays (and retries) count
+once, because the id is inside the signed body.
+"""
+
+from __future__ import annotations
+
+from autom.errors import VerificationError
+from autom.jobs.models import NewJob
+from autom.sources.base import (
+    Headers,
+    Parsed,
+    any_digest_matches,
+    hmac_sha256,
+    id_field,
+    load_object,
+    object_or_none,
+    prefixed_hex_digests,
+    required_header,
+)
+
+SIGNATURE_HEADER = "x-signature"
+
+
+class SiteSource:
+    """Verifies ``X-Signature``, dedups by the body's ``id``, makes one ``site.form`` job."""
+
+    name = "site"
+    secret_headers = frozenset({SIGNATURE_HEADER})
+
+    def __init__(self, secret: str) -> None:
+        """``secret`` is SITE_WEBHOOK_SECRET (used as its UTF-8 bytes)."""
+        self._secret = secret.encode("utf-8")
+
+    def verify(self, headers: Headers, body: bytes, now: float) -> None:
+        """Accept iff some ``sha256=<hex>`` entry of ``X-Signature`` is the HMAC of the raw body."""
+        value = required_header(headers, SIGNATURE_HEADER)
+        digests = prefixed_hex_digests(value, "sha256", SIGNATURE_HEADER)
+        if not digests:
+            raise VerificationError("x-signature header has no sha256=<hex> signature")
+        if not any_digest_matches(hmac_sha256(self._secret, body), digests):
+            raise VerificationError("site signature does not match")
+
+    def dedup_key(self, headers: Headers, body: bytes) -> str | None:
+        """The body's ``id`` (a string or an integer, as text), or ``None`` without one."""
+        form = object_or_none(body)
+        return None if form is None else id_field(form)
+
+    def parse(self, headers: Headers, text: str) -> Parsed:
+        """One ``site.form`` job whose payload is the body object; key ``site:<id>`` if it has an id.
+
+        ``id`` values that are neither strings nor integers (floats, booleans, objects)
+        are not ids: the job gets no key and the event no dedup key.
+        """
+        form = load_object(text)
+        dedup = id_field(form)
+        job = NewJob(kind="site.form", payload=form, key=None if dedup is None else f"site:{dedup}")
+        return Parsed(dedup, [job])

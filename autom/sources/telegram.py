@@ -1,0 +1,125 @@
+"""The ``telegram`` source: Bot API updates delivered by ``setWebhook``.
+
+Telegram authenticates a delivery only by echoing the ``secret_token`` given to
+``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; there is no signature and
+no timestamp, so redeliveries are recognised by ``update_id`` alone.
+
+Only ``message`` updates become jobs. Edited messages, channel posts, callback
+queries and the rest are stored as events without jobs: answering an edit as if
+it were a new command (``/ping`` edited twice → three ``pong``) is not what a chat
+user expects. They stay replayable should a handler for them be added.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from autom.errors import VerificationError
+from autom.jobs.models import NewJob
+from autom.sources.base import (
+    Headers,
+    Parsed,
+    ParseError,
+    id_field,
+    load_object,
+    object_or_none,
+    required_header,
+    single_token,
+)
+
+SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
+
+# Telegram ids fit in a signed 64-bit integer (the Bot API promises at most 52 significant bits)
+_INT64 = range(-(2**63), 2**63)
+
+
+class TelegramSource:
+    """Verifies the secret token, dedups by ``update_id``, turns messages into ``telegram.message``."""
+
+    name = "telegram"
+    secret_headers = frozenset({SECRET_HEADER})
+
+    def __init__(self, secret: str) -> None:
+        """``secret`` is TELEGRAM_WEBHOOK_SECRET, the ``secret_token`` given to ``setWebhook``."""
+        self._secret = secret.encode("utf-8")
+
+    def verify(self, headers: Headers, body: bytes, now: float) -> None:
+        """Accept iff the secret-token header equals the secret (constant-time, as bytes)."""
+        value = required_header(headers, SECRET_HEADER)  # non-ASCII is rejected here, before encode
+        ok = hmac.compare_digest(value.encode("ascii"), self._secret)
+        # A repeated header arrives as "tok, tok"; Telegram tokens are [A-Za-z0-9_-], so a
+        # comma can only come from joining. Equal copies count as one.
+        token = single_token(headers, SECRET_HEADER, max_chars=len(value))
+        if token is not None and token != value:
+            ok |= hmac.compare_digest(token.encode("ascii"), self._secret)
+        if not ok:
+            raise VerificationError("telegram secret token does not match")
+
+    def dedup_key(self, headers: Headers, body: bytes) -> str | None:
+        """``str(update_id)`` when the body is an object with an integer ``update_id``."""
+        update = object_or_none(body)
+        if update is None or not _is_int(update.get("update_id")):
+            return None
+        return id_field(update, "update_id")
+
+    def parse(self, headers: Headers, text: str) -> Parsed:
+        """One ``telegram.message`` job for a ``message`` update with a chat; none for other updates.
+
+        The payload is ``{"update_id", "chat_id", "text", "message_id", "from"}``: ``text``
+        is ``None`` for messages without text (photos, stickers), ``from`` is
+        ``{"id", "username"?}`` or ``None`` (messages sent on behalf of a chat).
+        The job key is ``telegram:<update_id>``, the recipient the chat id, so one
+        chat's replies go out one at a time and in order.
+        """
+        update = load_object(text)
+        update_id = update.get("update_id")
+        if not _is_int(update_id):
+            raise ParseError("telegram update has no integer update_id")
+        dedup = id_field(update, "update_id")
+        message = update.get("message")
+        if message is None:
+            return Parsed(dedup, [])
+        if not isinstance(message, dict):
+            raise ParseError("telegram message is not an object")
+        chat = message.get("chat")
+        if not isinstance(chat, dict) or not _is_int(chat.get("id")):
+            raise ParseError("telegram message has no integer chat.id")
+        chat_id = chat["id"]
+        message_id = message.get("message_id")
+        if not _is_int(message_id):
+            raise ParseError("telegram message has no integer message_id")
+        message_text = message.get("text")
+        if message_text is not None and not isinstance(message_text, str):
+            raise ParseError("telegram message text is not a string")
+        payload: dict[str, Any] = {
+            "update_id": update_id,
+            "chat_id": chat_id,
+            "text": message_text,
+            "message_id": message_id,
+            "from": _sender(message.get("from")),
+        }
+        job = NewJob(
+            kind="telegram.message",
+            payload=payload,
+            key=f"telegram:{dedup}",
+            recipient=str(chat_id),
+        )
+        return Parsed(dedup, [job])
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; true is not an id. Out-of-range ints are not Telegram's either.
+    return isinstance(value, int) and not isinstance(value, bool) and value in _INT64
+
+
+def _sender(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not _is_int(value.get("id")):
+        raise ParseError("telegram message sender has no integer id")
+    sender: dict[str, Any] = {"id": value["id"]}
+    username = value.get("username")
+    if isinstance(username, str):
+        sender["username"] = username
+    return sender
