@@ -1,0 +1,82 @@
+"""``create_app(deps)``: the quart-trio application, assembled from blueprints.
+
+Every answer is JSON. Every error status, including Quart's own (404 for an
+unknown route, 405 for a wrong method, 413, 408, 500), is answered as
+``{"error": "<one line>"}``: a webhook sender or an operator's script never sees
+an HTML page, and a 500 never carries a traceback (the log does).
+
+Blueprints: ``health`` (``GET /health``) and ``intake`` (``POST /hooks/<source>``).
+Further routes (``/metrics``, ``/admin``) are blueprints registered here too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge
+
+from autom.deps import Deps
+from autom.web.health import health_blueprint
+from autom.web.intake import intake_blueprint
+from autom.web.responses import JSON, error_response
+
+log = logging.getLogger("autom.web")
+
+#: Longest a client may take to send a request body. Webhook bodies are small and
+#: senders are servers on good networks; a trickling body only ties up a connection.
+BODY_TIMEOUT_SECONDS = 10
+#: Longest sending a response may take (our answers are a few dozen bytes).
+RESPONSE_TIMEOUT_SECONDS = 10
+
+
+def create_app(deps: Deps) -> QuartTrio:
+    """The HTTP application of one process, bound to ``deps`` (no globals)."""
+    app = QuartTrio("autom")
+    app.config.update(
+        MAX_CONTENT_LENGTH=deps.settings.max_body_bytes,
+        BODY_TIMEOUT=BODY_TIMEOUT_SECONDS,
+        RESPONSE_TIMEOUT=RESPONSE_TIMEOUT_SECONDS,
+        # never re-raise into hypercorn (it would answer a bare 500), never a debug page
+        PROPAGATE_EXCEPTIONS=False,
+        DEBUG=False,
+    )
+    # "//hooks/x" would otherwise answer a 308 redirect with an HTML body
+    app.url_map.merge_slashes = False
+    app.extensions["autom.deps"] = deps
+
+    app.register_blueprint(health_blueprint(deps))
+    app.register_blueprint(intake_blueprint(deps))
+
+    _register_error_handlers(app, deps.settings.max_body_bytes)
+    return app
+
+
+def _register_error_handlers(app: QuartTrio, max_body_bytes: int) -> None:
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        if isinstance(error, RequestEntityTooLarge):
+            message = f"body larger than {max_body_bytes} bytes"
+        elif error.description and error.description != type(error).description:
+            message = error.description  # raised with a message of our own
+        else:
+            message = (error.name or "error").lower()
+        # keep the headers HTTP requires (Allow on 405, Retry-After, ...), not the HTML type
+        extra = {k: v for k, v in error.get_headers() if k.lower() != "content-type"}
+        return error_response(status, message, extra)
+
+    @app.errorhandler(InternalServerError)
+    async def internal_error(error: InternalServerError) -> Response:
+        # Quart has logged the exception with its traceback already (handle_exception)
+        return error_response(500, "internal error")
+
+    @app.after_request
+    async def json_errors_only(response: Response) -> Response:
+        # A safety net: an error answer that slipped past the handlers above (a future
+        # route returning a werkzeug response, say) is replaced rather than sent as HTML.
+        if response.status_code >= 400 and response.mimetype != JSON:
+            log.warning("non-JSON error answer replaced (status %d)", response.status_code)
+            return error_response(response.status_code, f"http {response.status_code}")
+        return response

@@ -1,0 +1,114 @@
+"""``serve_http``: Hypercorn's trio server for the app, inside the caller's nursery.
+
+``await nursery.start(serve_http, deps, app)`` returns the bound URLs once the
+sockets listen. Shutdown is hypercorn's own, driven by ``deps.shutdown``: when
+it turns true the listeners close at once (new connections are refused), idle
+keep-alive connections are closed, and requests in flight get
+``graceful_timeout`` (at most SHUTDOWN_GRACE_SECONDS) to finish. Cancelling
+``serve_http`` instead would skip the socket shutdowns (hypercorn #106).
+
+``ShieldFinalSend`` works around a quart-trio 0.12 × hypercorn 0.18 bug
+(research/trio-stack.md §6): hypercorn re-arms a connection's keep-alive idle
+timer from inside the app's final ``send``, and quart-trio cancels the request's
+nursery as soon as the client's next event arrives, which can kill the timer
+mid-re-arm. Without the timer an idle connection never times out, and at
+shutdown it keeps serving new requests until ``graceful_timeout`` cuts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+
+from autom.config import Settings
+from autom.deps import Deps
+
+#: Idle keep-alive connections are closed after this many seconds.
+KEEP_ALIVE_TIMEOUT = 5.0
+#: Longest requests in flight get at shutdown (capped by SHUTDOWN_GRACE_SECONDS).
+#: Intake requests take milliseconds; this is for a database that is slow right then.
+GRACEFUL_TIMEOUT = 10.0
+
+
+class ShieldFinalSend:
+    """ASGI middleware: the last ``http.response.body`` send of a request cannot be cancelled.
+
+    That send is where hypercorn restarts the connection's idle timer; shielding
+    it lets the timer start even when quart-trio cancels the request's tasks
+    (module docstring). The send itself is bounded: hypercorn writes with its own
+    shielded ``send_all`` and only then re-arms the timer.
+    """
+
+    def __init__(self, app: ASGIFramework) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        """Pass the call through, shielding the final body send of HTTP requests."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def shielded_send(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await self.app(scope, receive, shielded_send)
+
+
+def hypercorn_config(
+    settings: Settings, binds: list[str] | None = None, *, keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT
+) -> Config:
+    """Hypercorn's configuration for ``settings`` (``binds`` default: HOST:PORT)."""
+    config = Config()
+    config.bind = list(binds) if binds else [_bind(settings.host, settings.port)]
+    config.keep_alive_timeout = keep_alive_timeout
+    config.graceful_timeout = min(GRACEFUL_TIMEOUT, settings.shutdown_grace_seconds)
+    # Loggers, not "-": hypercorn then adds no handlers of its own, and its lines go
+    # through the process's logging configuration like every other line (no duplicates).
+    config.errorlog = logging.getLogger("hypercorn.error")
+    # The access log only if someone enabled it (autom.logs sets it to WARNING): hypercorn
+    # builds every line's fields before the logger looks at its level, ~6 % of a request's
+    # CPU time (py-spy, bench/intake.py). The intake logs its own line per delivery.
+    access = logging.getLogger("hypercorn.access")
+    config.accesslog = access if access.isEnabledFor(logging.INFO) else None
+    config.include_server_header = False
+    return config
+
+
+async def serve_http(
+    deps: Deps,
+    app: ASGIFramework,
+    *,
+    binds: list[str] | None = None,
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until ``deps.shutdown`` turns true, then drain and return.
+
+    ``task_status.started`` receives the bound URLs (``"http://127.0.0.1:54321"``),
+    so ``binds=["127.0.0.1:0"]`` gives a free port. Open the database before
+    calling this: a failing app start-up would still report started.
+    """
+    config = hypercorn_config(deps.settings, binds, keep_alive_timeout=keep_alive_timeout)
+    await serve(
+        ShieldFinalSend(app),
+        config,
+        shutdown_trigger=partial(deps.shutdown.wait_value, True),
+        task_status=task_status,
+    )
+
+
+def _bind(host: str, port: int) -> str:
+    # an IPv6 literal needs brackets in a bind string ("[::]:8000")
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"

@@ -1,0 +1,131 @@
+"""``intake_store`` (queries_intake.sql) must enqueue exactly as the queue's ``enqueue_many`` does.
+
+The intake stores an event and its jobs in one statement for speed, so its jobs
+part is a copy of ``enqueue_many``. These tests run the same jobs through both
+(the reference: ``insert_jobs_sync`` in a transaction after inserting the event)
+and compare every column of ``jobs`` and ``recipients`` but ids and clock
+readings. A change to one query and not the other fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from autom.db.queries import Q
+from autom.jobs.models import NewJob
+from autom.jobs.store import insert_jobs_sync
+from autom.web.intake import store_params
+
+# set from the clock, so they differ between two runs of the same input
+CLOCK_COLUMNS = {"created_at", "updated_at", "run_at", "due_at", "next_due_at", "locked_until", "received_at"}
+ID_COLUMNS = {"id", "event_id"}
+
+LATER = datetime.now(UTC) + timedelta(hours=1)
+
+EXISTING = [NewJob(kind="telegram.message", payload={"n": 0}, key="old-1", recipient="r1")]
+JOBS = [
+    NewJob(kind="telegram.message", payload={"n": 1, "text": "héllo ✓"}, key="k-1", recipient="r1"),
+    NewJob(kind="telegram.message", payload={"n": 2}, key="k-2", recipient="r2"),
+    NewJob(kind="site.form", payload={"nested": {"a": [1, 2.5, None, True]}}, key=None),
+    NewJob(kind="site.form", payload={"n": 3}, key="old-1"),  # key exists: skipped
+    NewJob(kind="later", payload={}, key="k-later", recipient="r3", run_at=LATER, max_attempts=3),
+]
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """An autocommit connection with dict rows, as the bridge's pool hands out."""
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as connection:
+        yield connection
+
+
+def reset(conn: psycopg.Connection[Any]) -> None:
+    """Empty the queue's tables, restarting ids, and put the EXISTING job back."""
+    conn.execute("truncate jobs, events, recipients restart identity cascade")
+    with conn.transaction():
+        insert_jobs_sync(conn, EXISTING)
+
+
+def reference(conn: psycopg.Connection[Any], jobs: list[NewJob]) -> tuple[int, int]:
+    """The event insert plus the queue's own enqueue, in one transaction."""
+    with conn.transaction():
+        event_id = conn.execute(
+            "insert into events (source, headers, body, dedup_key) values ('s', '{}', 'b', 'd') returning id"
+        ).fetchone()["id"]  # type: ignore[index]
+        ids = insert_jobs_sync(conn, [NewJob(**{**j.__dict__, "event_id": event_id}) for j in jobs])
+    return event_id, len(ids)
+
+
+def intake(conn: psycopg.Connection[Any], jobs: list[NewJob]) -> tuple[int, int]:
+    """The intake's single statement."""
+    row = conn.execute(Q.intake_store, store_params("s", {}, "b", "d", jobs)).fetchone()
+    assert row is not None
+    return row["id"], row["jobs"]
+
+
+def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Every row of jobs and recipients, clock readings reduced to set / not set."""
+
+    def clean(row: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, value in row.items():
+            if name in ID_COLUMNS:
+                continue
+            out[name] = (value is not None) if name in CLOCK_COLUMNS else value
+        return out
+
+    jobs = [clean(r) for r in conn.execute("select * from jobs order by kind, key nulls first, id").fetchall()]
+    recipients = [clean(r) for r in conn.execute("select * from recipients order by recipient").fetchall()]
+    future = conn.execute("select key from jobs where run_at > now() + interval '30 minutes'").fetchall()
+    links = conn.execute(
+        "select count(*) as n from jobs j join events e on e.id = j.event_id"
+    ).fetchone()
+    return {"jobs": jobs, "recipients": recipients, "future": future, "linked": links}
+
+
+def run(conn: psycopg.Connection[Any], how: Callable[[psycopg.Connection[Any], list[NewJob]], tuple[int, int]]
+        ) -> tuple[tuple[int, int], dict[str, Any]]:
+    reset(conn)
+    result = how(conn, JOBS)
+    return result, snapshot(conn)
+
+
+def test_intake_store_enqueues_exactly_like_enqueue_many(conn: psycopg.Connection[Any]) -> None:
+    ref_result, ref_rows = run(conn, reference)
+    got_result, got_rows = run(conn, intake)
+    assert got_result == ref_result == (1, 4)
+    assert got_rows == ref_rows
+    assert json.dumps(got_rows, default=str)  # (a readable diff above if it fails)
+
+
+def test_intake_store_notifies_workers_like_enqueue_many(conn: psycopg.Connection[Any], dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("listen autom_jobs")
+        reset(conn)
+        list(listener.notifies(timeout=0.2))  # drain the EXISTING job's notification
+        intake(conn, JOBS)
+        assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1
+
+
+def test_intake_store_stores_nothing_for_a_redelivery(conn: psycopg.Connection[Any]) -> None:
+    reset(conn)
+    intake(conn, JOBS)
+    before = snapshot(conn)
+    assert conn.execute(Q.intake_store, store_params("s", {}, "other", "d", JOBS[:1])).fetchone() is None
+    assert snapshot(conn) == before
+    assert conn.execute("select count(*) as n from events").fetchone() == {"n": 1}
+
+
+def test_intake_store_without_jobs_stores_the_event(conn: psycopg.Connection[Any]) -> None:
+    reset(conn)
+    row = conn.execute(Q.intake_store, store_params("s", {"a": "b"}, "body", None, [])).fetchone()
+    assert row is not None and row["jobs"] == 0
+    event = conn.execute("select headers, body, dedup_key from events").fetchone()
+    assert event == {"headers": {"a": "b"}, "body": "body", "dedup_key": None}
