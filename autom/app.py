@@ -1,0 +1,165 @@
+"""The composition root: builds ``Deps`` and runs the service's nursery tree.
+
+::
+
+    trio.run(main)
+    └── outer nursery
+        ├── signal watcher        SIGTERM/SIGINT: 1st = drain, 2nd = cancel now
+        └── run_service
+            ├── database pool     opened (and migrated) before anything serves
+            ├── background        LISTEN autom_jobs → doorbell; alert summaries
+            └── services          (started in order, each ready before the next)
+                ├── schedule ticker
+                ├── worker pool   (fetcher, runners, completer, renewer)
+                └── hypercorn     /health /metrics /hooks /admin
+
+Shutdown: ``deps.shutdown`` closes the listener and stops claiming; running
+handlers get SHUTDOWN_GRACE_SECONDS, then are cancelled and their jobs released.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from zoneinfo import ZoneInfo
+
+import trio
+import trio_util
+
+from autom.config import Settings
+from autom.db.bridge import open_database
+from autom.db.migrate import apply_migrations
+from autom.deps import Deps
+from autom.handlers import Handler, default_handlers
+from autom.jobs.retry import RetryPolicy
+from autom.jobs.store import JobStore
+from autom.schedule import DEFAULT_SCHEDULES, Schedule, process_zone
+from autom.sources import enabled_sources
+from autom.telegram import open_telegram
+from autom.ticker import run_ticker
+from autom.watchdog import Watchdog
+from autom.web import create_app, serve_http
+from autom.worker import WorkerPool
+
+log = logging.getLogger("autom")
+
+NOTIFY_CHANNEL = "autom_jobs"
+
+#: what the service schedules: the hourly heartbeat (CONTRACT.md) and retention
+SERVICE_SCHEDULES: tuple[Schedule, ...] = (*DEFAULT_SCHEDULES, Schedule("maintenance.prune", every_minutes=60))
+
+
+@dataclass
+class Control:
+    """How the outside (signals, tests) stops a running service."""
+
+    shutdown: trio_util.AsyncBool = field(default_factory=lambda: trio_util.AsyncBool(False))
+    pool: WorkerPool | None = None
+    grace: float = 50.0
+
+    def request_stop(self) -> None:
+        """Phase 1: stop intake and claiming; running jobs get ``grace`` seconds."""
+        if not self.shutdown.value:
+            log.info(f"shutting down: draining (grace {self.grace:g}s)")
+        self.shutdown.value = True
+        if self.pool is not None:
+            self.pool.stop_at(trio.current_time() + self.grace)
+
+    def stop_now(self) -> None:
+        """Phase 2: cancel running jobs now (they go back to pending)."""
+        log.warning("shutting down now: cancelling running jobs")
+        self.shutdown.value = True
+        if self.pool is not None:
+            self.pool.cancel_now()
+
+
+@dataclass
+class Service:
+    """A running service, as ``nursery.start(run_service, ...)`` returns it."""
+
+    deps: Deps
+    pool: WorkerPool
+    urls: list[str]
+    control: Control
+
+
+async def run_service(
+    settings: Settings,
+    *,
+    control: Control | None = None,
+    handlers: Mapping[str, Handler] | None = None,
+    schedules: Sequence[Schedule] = SERVICE_SCHEDULES,
+    binds: list[str] | None = None,
+    telegram_log_only: bool | None = None,
+    task_status: trio.TaskStatus[Service] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run everything until ``control.request_stop()`` and the drain finish.
+
+    ``task_status.started(Service)`` is called once HTTP listens (``urls`` are the
+    bound addresses: bind port 0 in tests).
+    """
+    control = control or Control()
+    control.grace = settings.shutdown_grace_seconds
+    assert settings.database_url, "DATABASE_URL is checked by the CLI"
+    tz = ZoneInfo(settings.tz) if settings.tz else process_zone()
+    async with open_database(
+        settings.database_url, min_size=2, max_size=settings.workers + 8, name="autom"
+    ) as db:
+        applied = await apply_migrations(db)
+        if applied:
+            log.info(f"applied {len(applied)} migrations")
+        async with open_telegram(settings, log_only=telegram_log_only) as telegram:
+            store = JobStore(
+                db,
+                lease_seconds=settings.job_lease_seconds,
+                retry=RetryPolicy(base=settings.retry_base_seconds, cap=settings.retry_max_seconds),
+            )
+            deps = Deps(
+                settings=settings, db=db, store=store, sources=enabled_sources(settings),
+                telegram=telegram, shutdown=control.shutdown,
+            )
+            pool = WorkerPool(deps, handlers if handlers is not None else default_handlers())
+            control.pool = pool
+            async with trio.open_nursery() as background:
+                await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
+                background.start_soon(telegram.run_alert_summaries)
+                background.start_soon(Watchdog(deps, schedules).run)
+                async with trio.open_nursery() as services:
+                    await services.start(run_ticker, deps, schedules, tz)
+                    await services.start(pool.run)
+                    urls = await services.start(partial(serve_http, deps, create_app(deps), binds=binds))
+                    log.info(f"autom serving on {', '.join(urls)} with {pool.workers} workers")
+                    task_status.started(Service(deps=deps, pool=pool, urls=urls, control=control))
+                # ticker, pool and HTTP have all stopped: end the background tasks
+                background.cancel_scope.cancel()
+    log.info("autom stopped")
+
+
+async def _watch_signals(control: Control, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            if not control.shutdown.value:
+                log.info(f"got {signal.Signals(signum).name}")
+                control.request_stop()
+            else:
+                control.stop_now()
+
+
+async def main(settings: Settings, **kwargs: object) -> None:
+    """The process: the service plus a signal watcher that lives outside it.
+
+    (The watcher sits in an outer nursery and is cancelled when the service ends;
+    inside the service nursery it would hold the process for the whole grace period.)
+    """
+    control = Control(grace=settings.shutdown_grace_seconds)
+    async with trio.open_nursery() as outer:
+        await outer.start(_watch_signals, control)
+        await run_service(settings, control=control, **kwargs)  # type: ignore[arg-type]
+        outer.cancel_scope.cancel()
+
+
+

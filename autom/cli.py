@@ -1,0 +1,229 @@
+"""The ``autom`` command line; the only place that configures logging.
+
+Exit codes: 0 success, 1 a failure the message explains, 2 bad usage.
+A missing or malformed setting is one line naming it, exit 1, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+
+from autom.config import REQUIRED_FOR_RUN, Settings
+from autom.errors import AutomError, ConfigError
+from autom.logs import configure_logging
+
+log = logging.getLogger("autom.cli")
+
+
+def _settings(require: Sequence[str] = (), **defaults: Any) -> Settings:
+    settings = Settings.from_env(require=require, defaults=defaults or None)
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``autom run``: migrate, then serve intake, workers and schedule until SIGTERM/SIGINT."""
+    from autom.app import main
+
+    settings = _settings(REQUIRED_FOR_RUN)
+    trio.run(main, settings)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """``autom migrate``: apply pending migrations and exit."""
+    from autom.db.bridge import open_database
+    from autom.db.migrate import apply_migrations
+
+    settings = _settings(["DATABASE_URL"])
+    assert settings.database_url
+
+    async def migrate() -> list[Any]:
+        assert settings.database_url
+        async with open_database(settings.database_url, min_size=1, max_size=1, name="autom-migrate") as db:
+            return await apply_migrations(db)
+
+    applied = trio.run(migrate)
+    if applied:
+        for mig in applied:
+            print(f"applied {mig.version:04d}_{mig.name}")
+    else:
+        print("database is up to date")
+    return 0
+
+
+async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
+    """Open the database (one connection) and run ``fn(ops)``."""
+    from autom.db.bridge import open_database
+    from autom.ops import Operations
+    from autom.sources import enabled_sources
+
+    assert settings.database_url
+    async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
+        return await fn(Operations(db, enabled_sources(settings)))
+
+
+def cmd_failed(args: argparse.Namespace) -> int:
+    """``autom failed``: the latest failed jobs."""
+    settings = _settings(["DATABASE_URL"])
+    jobs = trio.run(_with_ops, settings, lambda ops: ops.failed_jobs(args.limit))
+    if args.json:
+        print(json.dumps(jobs, indent=2, default=str))
+        return 0
+    if not jobs:
+        print("no failed jobs")
+        return 0
+    width = shutil.get_terminal_size((120, 20)).columns
+    print(f"{'ID':>8}  {'KIND':<20}  {'ATTEMPTS':>8}  {'FAILED AT (UTC)':<19}  LAST ERROR")
+    for job in jobs:
+        when = (job.get("finished_at") or job.get("updated_at") or "")[:19].replace("T", " ")
+        head = f"{job['id']:>8}  {job['kind'][:20]:<20}  {job['attempts']:>3}/{job['max_attempts']:<4}  {when:<19}  "
+        error = " ".join(str(job.get("last_error") or "-").split())
+        room = max(20, width - len(head))
+        print(head + (error if len(error) <= room else error[: room - 1] + "…"))
+    print(f"\n{len(jobs)} failed job(s). Fix the cause, then: autom retry JOB_ID")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """``autom retry JOB_ID``: a failed or pending job back in the queue now, attempts reset."""
+    settings = _settings(["DATABASE_URL"])
+    job = trio.run(_with_ops, settings, lambda ops: ops.retry_job(args.job_id))
+    print(f"job {job['id']} ({job['kind']}) is pending again with its attempts reset; it runs as soon as a "
+          "worker is free")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``autom replay EVENT_ID``: parse a stored event again and create its jobs."""
+    settings = _settings(["DATABASE_URL"])
+
+    async def replay(ops: Any) -> tuple[dict, list[int]]:
+        event = await ops.get_event(args.event_id)
+        return event, await ops.replay_event(args.event_id)
+
+    event, created = trio.run(_with_ops, settings, replay)
+    if created:
+        print(f"event {event['id']} ({event['source']}): created job(s) {', '.join(map(str, created))}")
+    else:
+        print(f"event {event['id']} ({event['source']}): no new jobs (it makes none, or their keys exist "
+              "already; use autom retry JOB_ID to run an existing job again)")
+    return 0
+
+
+TELEGRAM_SECRET_RULE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+
+
+def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
+    """``autom telegram set-webhook URL``: register the webhook with our secret token."""
+    settings = _settings(["TELEGRAM_BOT_TOKEN", "TELEGRAM_WEBHOOK_SECRET"])
+    secret = settings.telegram_webhook_secret or ""
+    if not TELEGRAM_SECRET_RULE.match(secret):
+        raise ConfigError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - "
+                          "(Telegram's rule); generate one with: openssl rand -hex 32")
+    url = args.url
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.netloc:
+        raise ConfigError(f"the webhook URL must start with https:// (Telegram delivers only over HTTPS): {url}")
+    if parts.path in ("", "/"):
+        url = url.rstrip("/") + "/hooks/telegram"
+
+    async def set_webhook() -> dict[str, Any]:
+        from autom.telegram import open_telegram
+
+        async with open_telegram(settings, log_only=False) as telegram:
+            return await telegram.call(
+                "setWebhook", url=url, secret_token=secret, allowed_updates=["message"],
+            )
+
+    answer = trio.run(set_webhook)
+    print(f"webhook set to {url}: {answer.get('description') or 'ok'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="autom", description="Webhooks in, reliable work out (see README.md).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=fn)
+        return p
+
+    add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT")
+    add("migrate", cmd_migrate, "apply pending database migrations and exit")
+    failed = add("failed", cmd_failed, "list the latest failed jobs")
+    failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
+    failed.add_argument("--json", action="store_true", help="print JSON for scripts")
+    retry = add("retry", cmd_retry, "put a failed (or pending) job back in the queue now, attempts reset")
+    retry.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
+    replay = add("replay", cmd_replay, "parse a stored event again and create its jobs")
+    replay.add_argument("event_id", type=_positive_int, metavar="EVENT_ID")
+    telegram = sub.add_parser("telegram", help="Telegram Bot API set-up", description="Telegram Bot API set-up")
+    tg_sub = telegram.add_subparsers(dest="telegram_command", metavar="COMMAND", required=True)
+    set_webhook = tg_sub.add_parser(
+        "set-webhook", help="register URL as the bot's webhook with TELEGRAM_WEBHOOK_SECRET",
+        description="register URL (https://your.host/hooks/telegram) as the bot's webhook, "
+                    "with TELEGRAM_WEBHOOK_SECRET as its secret_token",
+    )
+    set_webhook.add_argument("url", metavar="URL")
+    set_webhook.set_defaults(func=cmd_telegram_set_webhook)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``autom`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on bad usage
+    try:
+        return int(args.func(args))
+    except AutomError as exc:  # ConfigError included
+        print(f"autom: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        # trio wraps errors from nurseries in groups; an AutomError is still one line
+        matched, rest = group.split(AutomError)
+        if matched is None or rest is not None:
+            raise
+        print(f"autom: {_one_line(_first_leaf(matched))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

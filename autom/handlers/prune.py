@@ -1,0 +1,56 @@
+"""``maintenance.prune``: retention, run hourly from the schedule (one replica per slot).
+
+Deletes, in small batches so no statement holds locks for long: done jobs older
+than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
+(pending, running or failed) job references; lock rows of recipients with
+nothing queued. Failed jobs are kept until retried or deleted by hand. Jobs with
+a key are kept at least ``KEY_KEEP_SECONDS`` so a schedule slot cannot be
+enqueued twice. Rerun-safe: deleting what is already gone deletes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+import trio.lowlevel
+
+from autom.db.queries import Q
+
+if TYPE_CHECKING:
+    from autom.handlers import HandlerContext
+    from autom.jobs.models import Job
+
+log = logging.getLogger("autom.retention")
+
+BATCH = 1000
+#: a keyed job (schedule slot, sender event id) is never pruned sooner than this:
+#: longer than any schedule period, so a slot key cannot come free within its slot
+KEY_KEEP_SECONDS = 8 * 86400
+#: one run stops after this long and leaves the rest to the next hour
+BUDGET_SECONDS = 60.0
+
+
+async def _prune(ctx: HandlerContext, query: str, params: dict[str, float]) -> int:
+    total = 0
+    with trio.move_on_after(BUDGET_SECONDS):
+        while True:
+            deleted = await ctx.db.execute(query, {**params, "batch": BATCH})
+            total += deleted
+            if deleted < BATCH:
+                break
+            await trio.lowlevel.checkpoint()  # let other work in between batches
+    return total
+
+
+async def handle(ctx: HandlerContext, job: Job) -> None:
+    """Prune finished jobs, old events and idle recipient rows."""
+    settings = ctx.settings
+    jobs = await _prune(ctx, Q.prune_done_jobs, {
+        "keep_seconds": settings.retain_done_days * 86400, "key_keep_seconds": KEY_KEEP_SECONDS,
+    })
+    events = await _prune(ctx, Q.prune_events, {"keep_seconds": settings.retain_events_days * 86400})
+    recipients = await _prune(ctx, Q.prune_recipients, {})
+    log.info(f"pruned {jobs} done jobs, {events} events, {recipients} idle recipients",
+             extra={"job_id": job.id, "kind": job.kind})
