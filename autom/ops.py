@@ -1,0 +1,104 @@
+"""Operations: what an operator reads and fixes, shared by the CLI and the admin API.
+
+Jobs will fail: list the failed ones, retry one after a fix, replay an event
+whose jobs were wrong or missing, and see the queue's state at a glance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from autom.db.bridge import Database
+from autom.db.queries import Q
+from autom.errors import Conflict, NotFound
+from autom.jobs.store import JobStore
+from autom.sources.base import ParseError, Source
+
+JOB_STATUSES = ("pending", "running", "done", "failed")
+
+
+def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A job row as the admin API and ``--json`` show it (times in ISO 8601)."""
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+class Operations:
+    """Reads and fixes over one database; replays parse with the enabled sources."""
+
+    def __init__(self, db: Database, sources: Mapping[str, Source]) -> None:
+        self.db = db
+        self.sources = sources
+        self.store = JobStore(db)
+
+    async def list_jobs(self, *, status: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict]:
+        """The newest jobs, optionally of one status and/or kind."""
+        rows = await self.db.fetch_all(Q.ops_list_jobs, {"status": status, "kind": kind, "limit": limit})
+        return [job_json(r) for r in rows]
+
+    async def failed_jobs(self, limit: int = 20) -> list[dict]:
+        """The latest failed jobs, most recent failure first."""
+        return [job_json(r) for r in await self.db.fetch_all(Q.ops_failed_jobs, {"limit": limit})]
+
+    async def get_job(self, job_id: int) -> dict:
+        """One job; ``NotFound`` if there is none with that id."""
+        row = await self.db.fetch_one(Q.ops_get_job, {"id": job_id})
+        if row is None:
+            raise NotFound(f"no job with id {job_id}")
+        return job_json(row)
+
+    async def retry_job(self, job_id: int) -> dict:
+        """Put a failed (or pending) job back in the queue now with its attempts reset.
+
+        ``Conflict`` for a running or done job (replay its event instead), ``NotFound``
+        for an unknown id.
+        """
+        row = await self.db.fetch_one(Q.ops_retry_job, {"id": job_id})
+        job = await self.get_job(job_id)
+        if row is None:
+            raise Conflict(f"job {job_id} is {job['status']}: only a failed or pending job can be retried "
+                           "(replay its event to run it again)")
+        return job
+
+    async def get_event(self, event_id: int) -> dict:
+        """One stored event with the ids of its jobs; ``NotFound`` if there is none."""
+        row = await self.db.fetch_one(Q.ops_get_event, {"id": event_id})
+        if row is None:
+            raise NotFound(f"no event with id {event_id}")
+        return job_json(row)
+
+    async def replay_event(self, event_id: int) -> list[int]:
+        """Parse a stored event again and create its jobs; returns the ids created.
+
+        Jobs whose key exists already are skipped (a replay never duplicates keyed
+        work). ``Conflict`` when the event's source is not enabled now or its body
+        still does not parse.
+        """
+        event = await self.get_event(event_id)
+        source = self.sources.get(event["source"])
+        if source is None:
+            raise Conflict(f"event {event_id} came from source {event['source']!r}, which is not enabled")
+        try:
+            parsed = source.parse(event["headers"] or {}, event["body"])
+        except ParseError as exc:
+            raise Conflict(f"event {event_id} does not parse: {exc}") from exc
+        jobs = [dataclasses.replace(job, event_id=event_id) for job in parsed.jobs]
+        return await self.store.enqueue_many(jobs)
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts by status and kind, queue lag, failures in the last hour."""
+        by_status = dict.fromkeys(JOB_STATUSES, 0)
+        by_kind: dict[str, dict[str, int]] = {}
+        for row in await self.db.fetch_all(Q.ops_job_counts):
+            by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
+            by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
+        lag = await self.db.fetch_val(Q.ops_queue_lag)
+        failed = await self.db.fetch_val(Q.ops_failed_since, {"seconds": 3600})
+        return {
+            "jobs": by_status,
+            "by_kind": by_kind,
+            "queue_lag_seconds": round(float(lag or 0.0), 3),
+            "failed_last_hour": int(failed or 0),
+        }

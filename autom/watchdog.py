@@ -1,0 +1,81 @@
+"""Nobody notices → somebody is told: alerts for a stuck queue and a silent heartbeat.
+
+Every 30 s each replica checks the queue lag (age of the oldest due pending job)
+against QUEUE_LAG_ALERT_SECONDS, and when the heartbeat last ran. A condition
+alerts once when it starts and once when it clears: the transition is one
+guarded statement (``alert_state_flip``), so of several replicas only one sends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import trio
+
+from autom.db.queries import Q
+from autom.deps import Deps
+from autom.errors import AutomError
+from autom.schedule import Schedule
+
+log = logging.getLogger("autom.watchdog")
+
+CHECK_SECONDS = 30.0
+
+
+def heartbeat_period(schedules: Sequence[Schedule]) -> float | None:
+    """Seconds between heartbeats by the schedule, or None when no heartbeat is scheduled."""
+    for spec in schedules:
+        if spec.kind == "heartbeat":
+            return spec.every_minutes * 60.0 if spec.every_minutes else 86400.0
+    return None
+
+
+class Watchdog:
+    """Checks the two conditions and alerts on their changes."""
+
+    def __init__(self, deps: Deps, schedules: Sequence[Schedule]) -> None:
+        self.deps = deps
+        self.period = heartbeat_period(schedules)
+        self.started = time.time()
+
+    async def check(self) -> dict[str, bool]:
+        """One round: returns each condition's current state (True = alarming)."""
+        settings = self.deps.settings
+        lag = float(await self.deps.db.fetch_val(Q.ops_queue_lag) or 0.0)
+        states = {"queue_lag": lag > settings.queue_lag_alert_seconds}
+        await self._flip("queue_lag", states["queue_lag"],
+                         f"autom: queue lag is {lag:.0f}s (over {settings.queue_lag_alert_seconds:g}s): "
+                         "jobs are waiting; are the workers running?",
+                         "autom: queue lag is back to normal")
+        if self.period is not None:
+            row = await self.deps.db.fetch_one(Q.state_get, {"name": "heartbeat"})
+            last = row["updated_at"].timestamp() if row else self.started
+            silent = time.time() - last
+            states["heartbeat"] = silent > 2 * self.period
+            await self._flip("heartbeat", states["heartbeat"],
+                             f"autom: no heartbeat for {silent / 60:.0f} min (expected every "
+                             f"{self.period / 60:.0f} min): the queue may be stuck",
+                             "autom: heartbeat is back")
+        return states
+
+    async def _flip(self, name: str, active: bool, on_text: str, off_text: str) -> None:
+        changed = await self.deps.db.fetch_one(Q.alert_state_flip, {"name": f"alert:{name}", "active": active})
+        if changed is None or (changed["inserted"] and not active):
+            return
+        text = on_text if active else off_text
+        (log.error if active else log.info)(text)
+        delivered = await self.deps.telegram.alert(text)
+        self.deps.metrics.alerts.labels("sent" if delivered else "failed").inc()
+
+    async def run(self, *, interval: float = CHECK_SECONDS,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check every ``interval`` seconds forever (cancel it); database errors are logged."""
+        task_status.started()
+        while True:
+            try:
+                await self.check()
+            except AutomError as exc:
+                log.warning(f"watchdog check failed: {exc}")
+            await trio.sleep(interval)

@@ -1,0 +1,128 @@
+"""``autom failed / retry / replay / telegram set-webhook`` through the real command."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from autom.jobs.models import NewJob
+from autom.jobs.store import JobStore
+from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
+from tests.support.proc import clean_env, run_autom
+from tests.support.service import SITE_SECRET, TG_SECRET
+
+
+def env_for(dsn: str, **extra: str) -> dict[str, str]:
+    return clean_env(DATABASE_URL=dsn, TELEGRAM_WEBHOOK_SECRET=TG_SECRET, SITE_WEBHOOK_SECRET=SITE_SECRET, **extra)
+
+
+async def autom(*args: str, env: dict[str, str], cwd) -> object:
+    return await trio.to_thread.run_sync(lambda: run_autom(*args, env=env, cwd=cwd))
+
+
+async def make_failed_job(db, kind="site.form", error="RuntimeError: the CRM said no\nsecond line") -> int:
+    store = JobStore(db)
+    job_id = await store.enqueue(NewJob(kind, {"n": 1}, max_attempts=1))
+    job = await store.claim_one()
+    await store.fail(job, error)
+    return job_id
+
+
+async def test_failed_lists_failed_jobs_readably_and_as_json(dsn, db, tmp_path):
+    first = await make_failed_job(db)
+    second = await make_failed_job(db, kind="telegram.message", error="x" * 500)
+    result = await autom("failed", env=env_for(dsn, COLUMNS="100"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "KIND", "ATTEMPTS"]
+    assert lines[1].split()[0] == str(second)  # latest failure first
+    assert lines[2].split()[0] == str(first)
+    assert "RuntimeError: the CRM said no second" in lines[2]
+    assert all(len(line) <= 100 for line in lines[:3])
+    assert "autom retry JOB_ID" in result.stdout
+
+    as_json = await autom("failed", "--json", "--limit", "1", env=env_for(dsn), cwd=tmp_path)
+    jobs = json.loads(as_json.stdout)
+    assert [j["id"] for j in jobs] == [second]
+    assert jobs[0]["status"] == "failed" and jobs[0]["attempts"] == 1
+
+
+async def test_failed_with_none_says_so(dsn, tmp_path):
+    result = await autom("failed", env=env_for(dsn), cwd=tmp_path)
+    assert (result.returncode, result.stdout.strip()) == (0, "no failed jobs")
+
+
+async def test_retry_resets_a_failed_job_and_refuses_running_done_and_unknown(dsn, db, tmp_path):
+    job_id = await make_failed_job(db)
+    result = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"job {job_id} (site.form) is pending again" in result.stdout
+    row = await db.fetch_one("select status, attempts, run_at <= now() as due from jobs where id = %s", [job_id])
+    assert dict(row) == {"status": "pending", "attempts": 0, "due": True}
+    # the retried job runs again (claimable now)
+    job = await JobStore(db).claim_one()
+    assert job.id == job_id and job.attempts == 1
+
+    running = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
+    assert running.returncode == 1
+    assert f"job {job_id} is running" in running.stderr and "replay" in running.stderr
+    await JobStore(db).complete(job)
+    done = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
+    assert done.returncode == 1 and "is done" in done.stderr
+
+    unknown = await autom("retry", "999999", env=env_for(dsn), cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "autom: no job with id 999999"
+    bad = await autom("retry", "abc", env=env_for(dsn), cwd=tmp_path)
+    assert bad.returncode == 2
+
+
+async def test_replay_creates_missing_jobs_and_skips_existing_keys(dsn, db, tmp_path):
+    body = json.dumps({"update_id": 77, "message": {"message_id": 1, "text": "/ping", "chat": {"id": 5}}})
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body, dedup_key) values ('telegram', '{}', %s, '77') returning id",
+        [body],
+    )
+    result = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job = await db.fetch_one("select id, kind, recipient, event_id, key from jobs")
+    assert dict(job) == {"id": job["id"], "kind": "telegram.message", "recipient": "5", "event_id": event_id,
+                         "key": "telegram:77"}
+    assert f"created job(s) {job['id']}" in result.stdout
+
+    again = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
+    assert again.returncode == 0 and "no new jobs" in again.stdout
+    assert await db.fetch_val("select count(*) from jobs") == 1
+
+    unknown = await autom("replay", "424242", env=env_for(dsn), cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "autom: no event with id 424242"
+
+
+async def test_replay_of_a_body_that_still_does_not_parse_is_refused(dsn, db, tmp_path):
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body) values ('site', '{}', 'not json') returning id")
+    result = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 1 and "does not parse" in result.stderr
+
+
+async def test_set_webhook_registers_url_and_secret(telegram_stub, tmp_path):
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_WEBHOOK_SECRET=TG_SECRET, TELEGRAM_API=telegram_stub.url)
+    result = await autom("telegram", "set-webhook", "https://hooks.example.com", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "https://hooks.example.com/hooks/telegram" in result.stdout
+    call = telegram_stub.calls_of("setWebhook")[0]
+    assert call.params["url"] == "https://hooks.example.com/hooks/telegram"
+    assert call.params["secret_token"] == TG_SECRET
+    assert "42:ABC" not in result.stdout + result.stderr
+
+
+async def test_set_webhook_validates_secret_and_url(tmp_path):
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_WEBHOOK_SECRET="has spaces!")
+    bad_secret = await autom("telegram", "set-webhook", "https://h.example.com/hooks/telegram", env=env, cwd=tmp_path)
+    assert bad_secret.returncode == 1 and "A-Z a-z 0-9 _ -" in bad_secret.stderr
+    assert "has spaces" not in bad_secret.stderr
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_WEBHOOK_SECRET="ok_secret")
+    plain = await autom("telegram", "set-webhook", "http://h.example.com/", env=env, cwd=tmp_path)
+    assert plain.returncode == 1 and "https://" in plain.stderr
+    missing = await autom("telegram", "set-webhook", env=env, cwd=tmp_path)
+    assert missing.returncode == 2

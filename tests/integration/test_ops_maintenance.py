@@ -1,0 +1,106 @@
+"""Watchdog alerts (lag, heartbeat) and retention, against a real database and the Bot API stub."""
+
+from __future__ import annotations
+
+import trio
+
+from autom.config import Settings
+from autom.deps import Deps
+from autom.handlers import HandlerContext
+from autom.handlers.prune import handle as prune
+from autom.jobs.models import Job, NewJob
+from autom.jobs.store import JobStore
+from autom.schedule import Schedule
+from autom.telegram import open_telegram
+from autom.watchdog import Watchdog
+from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
+from tests.support.service import ALERT_CHAT, service_settings
+
+
+def deps_for(settings: Settings, db, telegram) -> Deps:
+    return Deps(settings=settings, db=db, store=JobStore(db), sources={}, telegram=telegram)
+
+
+async def test_queue_lag_alerts_once_when_it_starts_and_once_when_it_clears(dsn, db, telegram_stub):
+    settings = service_settings(dsn, telegram_stub.url, queue_lag_alert_seconds=5)
+    async with open_telegram(settings) as telegram:
+        replicas = [Watchdog(deps_for(settings, db, telegram), schedules=()) for _ in range(2)]
+        for dog in replicas:
+            assert (await dog.check())["queue_lag"] is False
+        assert telegram_stub.messages(ALERT_CHAT) == []  # a quiet start says nothing
+
+        job_id = await JobStore(db).enqueue(NewJob("k"))
+        await db.execute("update jobs set run_at = now() - interval '10 minutes' where id = %s", [job_id])
+        for _ in range(3):
+            for dog in replicas:
+                assert (await dog.check())["queue_lag"] is True
+        texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
+        assert len(texts) == 1 and "queue lag is 600s" in texts[0]
+
+        await db.execute("update jobs set status = 'done', finished_at = now() where id = %s", [job_id])
+        for _ in range(2):
+            for dog in replicas:
+                assert (await dog.check())["queue_lag"] is False
+        texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
+        assert len(texts) == 2 and "back to normal" in texts[1]
+
+
+async def test_silent_heartbeat_alerts_once_and_clears_once(dsn, db, telegram_stub):
+    settings = service_settings(dsn, telegram_stub.url)
+    schedules = [Schedule("heartbeat", every_minutes=1)]
+    async with open_telegram(settings) as telegram:
+        dog = Watchdog(deps_for(settings, db, telegram), schedules)
+        assert (await dog.check())["heartbeat"] is False  # no beat yet, but the service just started
+        await db.execute("insert into service_state (name, updated_at) values ('heartbeat', now() - interval '3 minutes')")
+        assert (await dog.check())["heartbeat"] is True
+        assert (await dog.check())["heartbeat"] is True
+        await db.execute("update service_state set updated_at = now() where name = 'heartbeat'")
+        assert (await dog.check())["heartbeat"] is False
+    texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
+    assert len(texts) == 2
+    assert "no heartbeat for 3 min" in texts[0] and "heartbeat is back" in texts[1]
+
+
+async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, telegram_stub):
+    settings = service_settings(dsn, telegram_stub.url)
+    store = JobStore(db)
+
+    async def event(age_days: float) -> int:
+        return await db.fetch_val(
+            "insert into events (source, body, received_at) values ('site', '{}', now() - %s * interval '1 day')"
+            " returning id", [age_days])
+
+    async def job(status: str, age_days: float, *, key=None, event_id=None) -> int:
+        job_id = await store.enqueue(NewJob("k", key=key, event_id=event_id))
+        await db.execute(
+            "update jobs set status = %s, finished_at = case when %s in ('done', 'failed') then now() - "
+            "%s * interval '1 day' end, created_at = now() - %s * interval '1 day' where id = %s",
+            [status, status, age_days, age_days, job_id])
+        return job_id
+
+    old_event_done = await event(40)
+    old_event_failed = await event(40)
+    old_event_alone = await event(40)
+    new_event = await event(1)
+    old_done = await job("done", 10, event_id=old_event_done)
+    new_done = await job("done", 2)
+    old_failed = await job("failed", 60, event_id=old_event_failed)
+    old_pending = await job("pending", 60)
+    slot_job = await job("done", 7.5, key="heartbeat:2026-11-22T10:00Z")  # past retention, key still kept
+    old_slot_job = await job("done", 9, key="heartbeat:2026-11-20T10:00Z")
+
+    async with open_telegram(settings) as telegram:
+        ctx = HandlerContext(settings=settings, db=db, telegram=telegram)
+        fake = Job(id=0, kind="maintenance.prune", payload={}, attempts=1, max_attempts=1, lease=1,
+                   locked_until=None)  # type: ignore[arg-type]
+        await prune(ctx, fake)
+        await prune(ctx, fake)  # a rerun is harmless
+
+    jobs = {r["id"] for r in await db.fetch_all("select id from jobs")}
+    assert jobs == {new_done, old_failed, old_pending, slot_job}
+    assert old_done not in jobs and old_slot_job not in jobs
+    events = {r["id"] for r in await db.fetch_all("select id from events")}
+    # the done job's event went with the job; the failed job's stays for a replay
+    assert events == {old_event_failed, new_event}
+    assert old_event_alone not in events and old_event_done not in events
+    await trio.lowlevel.checkpoint()
