@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
+from tests.support.fixtures_telegram import telegram_stub  # noqa: F401  (a fixture for every test)
 from tests.support.pg import PgServer, start_pg_server, temporary_database, unique_db_name
 
 

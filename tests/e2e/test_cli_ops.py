@@ -8,7 +8,6 @@ import trio
 
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
-from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
 from tests.support.proc import clean_env, run_autom
 from tests.support.service import SITE_SECRET, TG_SECRET
 

@@ -13,7 +13,6 @@ from autom.jobs.store import JobStore
 from autom.schedule import Schedule
 from autom.telegram import open_telegram
 from autom.watchdog import Watchdog
-from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
 from tests.support.service import ALERT_CHAT, service_settings
 
 
@@ -51,7 +50,8 @@ async def test_silent_heartbeat_alerts_once_and_clears_once(dsn, db, telegram_st
     async with open_telegram(settings) as telegram:
         dog = Watchdog(deps_for(settings, db, telegram), schedules)
         assert (await dog.check())["heartbeat"] is False  # no beat yet, but the service just started
-        await db.execute("insert into service_state (name, updated_at) values ('heartbeat', now() - interval '3 minutes')")
+        await db.execute(
+            "insert into service_state (name, updated_at) values ('heartbeat', now() - interval '3 minutes')")
         assert (await dog.check())["heartbeat"] is True
         assert (await dog.check())["heartbeat"] is True
         await db.execute("update service_state set updated_at = now() where name = 'heartbeat'")

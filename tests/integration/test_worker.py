@@ -6,13 +6,12 @@ import httpx
 import trio
 
 from autom.jobs.models import NewJob
-from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
 from tests.support.service import (
     ALERT_CHAT,
     post_telegram,
     running_service,
-    telegram_update,
     service_settings,
+    telegram_update,
     wait_until,
 )
 from tests.support.telegram_stub import Reply

@@ -30,7 +30,7 @@ def test_defaults_are_the_contracts():
 def test_missing_required_setting_is_named():
     env = dict(FULL)
     del env["TELEGRAM_ALERT_CHAT_ID"]
-    with pytest.raises(ConfigError, match="^missing required setting TELEGRAM_ALERT_CHAT_ID$"):
+    with pytest.raises(ConfigError, match=r"^missing required setting TELEGRAM_ALERT_CHAT_ID$"):
         Settings.from_env(env, env_file=None, require=REQUIRED_FOR_RUN)
     with pytest.raises(ConfigError, match="ADMIN_TOKEN"):
         Settings.from_env({**FULL, "ADMIN_TOKEN": "  "}, env_file=None, require=REQUIRED_FOR_RUN)
