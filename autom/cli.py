@@ -7,6 +7,7 @@ A missing or malformed setting is one line naming it, exit 1, no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import re
@@ -36,8 +37,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autom.app import main
 
     settings = _settings(REQUIRED_FOR_RUN)
-    trio.run(main, settings)
+    try:
+        trio.run(main, settings)
+    except (OSError, BaseExceptionGroup) as exc:
+        if not address_in_use(exc):
+            raise
+        raise ConfigError(f"{settings.host}:{settings.port} is already in use: set PORT to a free port") from None
     return 0
+
+
+def address_in_use(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one inside a trio exception group) is "address already in use"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(address_in_use(inner) for inner in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

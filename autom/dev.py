@@ -19,7 +19,6 @@ What it adds to ``autom run`` (CONTRACT.md, Command line)::
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 import trio
 from dotenv import dotenv_values
 
+from autom.cli import address_in_use
 from autom.config import Settings
 from autom.errors import AutomError, ConfigError
 from autom.sources.base import hmac_sha256
@@ -365,13 +365,6 @@ async def serve_dev(settings: Settings, announce: Callable[[str], None]) -> None
         announce(service.urls[0])
 
 
-def _address_in_use(exc: BaseException) -> bool:
-    """Whether ``exc`` (or one inside a trio exception group) is "address already in use"."""
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_address_in_use(inner) for inner in exc.exceptions)
-    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
-
-
 def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
     """``autom dev`` after the settings are read: returns the exit code (0 after a drain)."""
     settings, generated = dev_settings(settings, folder)
@@ -394,7 +387,7 @@ def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
         try:
             trio.run(serve_dev, settings, announce)
         except (OSError, BaseExceptionGroup) as exc:
-            if not _address_in_use(exc):
+            if not address_in_use(exc):
                 raise
             raise ConfigError(f"{settings.host}:{settings.port} is already in use (another autom dev?): "
                               "set PORT to a free port, e.g. PORT=8001 autom dev") from None

@@ -47,3 +47,20 @@ def test_bad_usage_exits_2(tmp_path):
     assert run_autom(cwd=tmp_path).returncode == 2
     help_text = run_autom("--help", cwd=tmp_path)
     assert help_text.returncode == 0 and "migrate" in help_text.stdout
+
+
+def test_run_on_a_port_in_use_is_one_line_exit_1(empty_dsn, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = clean_env(DATABASE_URL=empty_dsn, TELEGRAM_BOT_TOKEN="1:x", TELEGRAM_ALERT_CHAT_ID="1",
+                        TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a",
+                        HOST="127.0.0.1", PORT=str(port), TELEGRAM_API="http://127.0.0.1:9")
+        result = run_autom("run", env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"autom: 127.0.0.1:{port} is already in use: set PORT to a free port"
+    assert "Traceback" not in result.stderr
