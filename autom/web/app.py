@@ -18,8 +18,11 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge
 
 from autom.deps import Deps
+from autom.web.admin import admin_blueprint
 from autom.web.health import health_blueprint
 from autom.web.intake import intake_blueprint
+from autom.web.metrics_route import metrics_blueprint
+from autom.web.openapi import openapi_blueprint
 from autom.web.responses import JSON, error_response
 
 log = logging.getLogger("autom.web")
@@ -48,6 +51,9 @@ def create_app(deps: Deps) -> QuartTrio:
 
     app.register_blueprint(health_blueprint(deps))
     app.register_blueprint(intake_blueprint(deps))
+    app.register_blueprint(metrics_blueprint(deps))
+    app.register_blueprint(admin_blueprint(deps))
+    app.register_blueprint(openapi_blueprint())
 
     _register_error_handlers(app, deps.settings.max_body_bytes)
     return app

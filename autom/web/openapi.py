@@ -1,0 +1,414 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 description of autom's HTTP interface (no auth).
+
+It describes what the routes really answer (CONTRACT.md, HTTP; the docstrings
+of ``intake``, ``admin``, ``health`` and ``metrics_route``), status codes and
+bodies included, and tests/integration/test_admin_fuzz.py holds the live app to
+it: every answer to generated requests must be a documented status with a body
+of the documented shape. Written as Python data rather than a shipped JSON file
+so the shared pieces (the error body, the id parameters) are defined once, and
+the limits are the code's own constants.
+
+Not described, because they are not routes of their own: 404 for a path that no
+route serves, 405 (with ``Allow``) for a method a path does not take, and the
+automatic ``HEAD``/``OPTIONS`` answers; they are JSON errors too.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from quart import Blueprint, Response
+
+from autom import __version__
+from autom.ops import JOB_STATUSES
+from autom.web.admin import DEFAULT_LIMIT, MAX_ID, MAX_LIMIT
+from autom.web.responses import json_response
+
+_ERROR_REF = {"$ref": "#/components/schemas/Error"}
+
+
+def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A response whose body is ``{"error": "<one line>"}``."""
+    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": _ERROR_REF}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_UNAUTHORIZED = _error(
+    "No, a malformed, or a wrong `Authorization: Bearer` token (checked before anything else).",
+    {"WWW-Authenticate": {"required": True, "schema": {"type": "string", "const": "Bearer"}}},
+)
+_UNAVAILABLE = _error("The database is unavailable.")
+_BAD_ID = _error("The id is not a positive integer that fits a bigint.")
+_SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
+
+
+def _id_parameter(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name, "in": "path", "required": True, "description": f"The {what}'s id.",
+        "schema": {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID},
+    }
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "type": [schema["type"], "null"]}
+
+
+_TIME = {"type": "string", "format": "date-time"}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "additionalProperties": False,
+        "properties": {"error": {"type": "string", "description": "What went wrong, on one line."}},
+    },
+    "Job": {
+        "type": "object",
+        "required": [
+            "id", "kind", "status", "attempts", "max_attempts", "run_at", "locked_until", "last_error",
+            "key", "event_id", "recipient", "payload", "created_at", "updated_at", "finished_at",
+        ],
+        "properties": {
+            "id": {"type": "integer", "minimum": 1},
+            "kind": {"type": "string", "description": "Which handler runs it (`telegram.message`, ...)."},
+            "status": {"type": "string", "enum": list(JOB_STATUSES)},
+            "attempts": {"type": "integer", "minimum": 0, "description": "Claims so far (1 while the first run goes)."},
+            "max_attempts": {"type": "integer", "minimum": 1},
+            "run_at": {**_TIME, "description": "When it is (or was) due."},
+            "locked_until": _nullable({**_TIME, "description": "Lease end of the current claim."}),
+            "last_error": _nullable({"type": "string"}),
+            "key": _nullable({"type": "string", "description": "A job with a key is created once."}),
+            "event_id": _nullable({"type": "integer", "description": "The event it came from."}),
+            "recipient": _nullable({"type": "string", "description": "Its jobs run one at a time, in order."}),
+            "payload": {"type": "object"},
+            "created_at": _TIME,
+            "updated_at": _TIME,
+            "finished_at": _nullable(_TIME),
+        },
+    },
+    "JobList": {
+        "type": "object",
+        "required": ["jobs"],
+        "properties": {"jobs": {"type": "array", "items": _ref("Job"), "description": "Newest first."}},
+    },
+    "Event": {
+        "type": "object",
+        "required": ["id", "source", "received_at", "dedup_key", "headers", "body", "job_ids"],
+        "properties": {
+            "id": {"type": "integer", "minimum": 1},
+            "source": {"type": "string"},
+            "received_at": _TIME,
+            "dedup_key": _nullable({"type": "string", "description": "The sender's delivery id, if any."}),
+            "headers": {
+                "type": "object", "additionalProperties": {"type": "string"},
+                "description": "Request headers, names lower-cased, credentials and signatures left out.",
+            },
+            "body": {"type": "string", "description": "Byte for byte what the sender sent (UTF-8 text)."},
+            "job_ids": {"type": "array", "items": {"type": "integer"}, "description": "Its jobs, oldest first."},
+        },
+    },
+    "Replayed": {
+        "type": "object",
+        "required": ["jobs"],
+        "additionalProperties": False,
+        "properties": {
+            "jobs": {
+                "type": "array", "items": {"type": "integer"},
+                "description": "Ids of the jobs created; jobs whose key exists already are skipped.",
+            },
+        },
+    },
+    "Stats": {
+        "type": "object",
+        "required": ["jobs", "by_kind", "queue_lag_seconds", "failed_last_hour"],
+        "properties": {
+            "jobs": {
+                "type": "object",
+                "required": list(JOB_STATUSES),
+                "properties": {s: {"type": "integer", "minimum": 0} for s in JOB_STATUSES},
+                "additionalProperties": {"type": "integer", "minimum": 0},
+                "description": "Jobs by status.",
+            },
+            "by_kind": {
+                "type": "object",
+                "additionalProperties": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+                "description": "Per kind, jobs by status (statuses with no job left out).",
+            },
+            "queue_lag_seconds": {
+                "type": "number", "minimum": 0,
+                "description": "How long the oldest due pending job has waited (0 when none).",
+            },
+            "failed_last_hour": {"type": "integer", "minimum": 0},
+        },
+    },
+    "Accepted": {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["id", "jobs"],
+                "additionalProperties": False,
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1, "description": "The stored event's id."},
+                    "jobs": {"type": "integer", "minimum": 0, "description": "Jobs created for it."},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["duplicate"],
+                "additionalProperties": False,
+                "properties": {"duplicate": {"const": True, "description": "A redelivery: nothing was stored."}},
+            },
+        ],
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "database"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "database": {"type": "string", "enum": ["ok", "down"]},
+            "uptime_seconds": {"type": "number", "minimum": 0},
+        },
+    },
+}
+
+_SOURCE_HEADERS = [
+    ("X-Telegram-Bot-Api-Secret-Token", "telegram: TELEGRAM_WEBHOOK_SECRET, as given to setWebhook."),
+    ("X-Signature", "site: `sha256=<hex HMAC-SHA256 of the raw body>` keyed with SITE_WEBHOOK_SECRET."),
+    ("X-Hub-Signature-256", "github: `sha256=<hex HMAC>` as GitHub documents it."),
+    ("X-GitHub-Delivery", "github: the delivery id (the dedup key)."),
+    ("Stripe-Signature", "stripe: `t=<unix>,v1=<hex HMAC of \"t.body\">`, ±300 s."),
+    ("webhook-id", "standard: the message id (the dedup key)."),
+    ("webhook-timestamp", "standard: unix seconds, ±300 s."),
+    ("webhook-signature", "standard: `v1,<base64 HMAC of \"id.timestamp.body\">`."),
+]
+
+_PATHS: dict[str, Any] = {
+    "/hooks/{source}": {
+        "post": {
+            "operationId": "receiveWebhook",
+            "tags": ["intake"],
+            "summary": "Receive a webhook delivery",
+            "description": (
+                "Checked in this order, and nothing is written unless all pass: 404 unknown or disabled "
+                "source; 413 body larger than MAX_BODY_BYTES; 401 the source's verification failed; 400 a "
+                "verified body that is not UTF-8 text (or holds NUL); 503 database down. Otherwise 202: "
+                "the event and its jobs are stored in one transaction. A verified body that does not "
+                "parse is stored with no jobs (replayable)."
+            ),
+            "parameters": [
+                {
+                    "name": "source", "in": "path", "required": True,
+                    "description": "telegram, site, github, stripe or standard (enabled when its secret is set).",
+                    "schema": {"type": "string"},
+                },
+                *(
+                    {"name": name, "in": "header", "required": False, "description": text,
+                     "schema": {"type": "string"}}
+                    for name, text in _SOURCE_HEADERS
+                ),
+            ],
+            "requestBody": {
+                "required": False,
+                "description": "The sender's body, stored byte for byte; any content type.",
+                "content": {"application/json": {"schema": {}}, "text/plain": {"schema": {"type": "string"}}},
+            },
+            "responses": {
+                "202": _json("Stored (`id`, `jobs`), or a redelivery of a stored event (`duplicate`).",
+                             _ref("Accepted")),
+                "400": _error("The verified body is not UTF-8 text, or holds a NUL character."),
+                "401": _error("Verification failed."),
+                "404": _error("Unknown or disabled source."),
+                "408": _error("The body did not arrive in time."),
+                "413": _error("The body is larger than MAX_BODY_BYTES."),
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/health": {
+        "get": {
+            "operationId": "health",
+            "tags": ["service"],
+            "summary": "Whether the database answers (within about a second)",
+            "responses": {
+                "200": _json("The database answers.", _ref("Health")),
+                "503": _json("The database does not answer.", _ref("Health")),
+            },
+        },
+    },
+    "/metrics": {
+        "get": {
+            "operationId": "metrics",
+            "tags": ["service"],
+            "summary": "Prometheus metrics of this process",
+            "description": (
+                "Prometheus text format 0.0.4. Database gauges (`autom_jobs{status,kind}`, "
+                "`autom_queue_lag_seconds`) are refreshed at most every 5 s; when the database is down "
+                "the answer is still 200, with `autom_database_up 0`."
+            ),
+            "responses": {
+                "200": {"description": "The metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            },
+        },
+    },
+    "/openapi.json": {
+        "get": {
+            "operationId": "openapi",
+            "tags": ["service"],
+            "summary": "This description",
+            "responses": {"200": _json("OpenAPI 3.1.", {"type": "object"})},
+        },
+    },
+    "/admin/jobs": {
+        "get": {
+            "operationId": "listJobs",
+            "tags": ["admin"],
+            "summary": "The newest jobs, optionally of one status and/or kind",
+            "description": "Unknown query parameters are ignored; an empty value counts as not given.",
+            "security": _SECURITY,
+            "parameters": [
+                {"name": "status", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": ["", *JOB_STATUSES]}},
+                {"name": "kind", "in": "query", "required": False, "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}},
+            ],
+            "responses": {
+                "200": _json("The jobs, newest first.", _ref("JobList")),
+                "400": _error(f"A status that is not one of {', '.join(JOB_STATUSES)}, or a limit outside "
+                              f"1..{MAX_LIMIT}."),
+                "401": _UNAUTHORIZED,
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/admin/jobs/{job_id}": {
+        "get": {
+            "operationId": "getJob",
+            "tags": ["admin"],
+            "summary": "One job",
+            "security": _SECURITY,
+            "parameters": [_id_parameter("job_id", "job")],
+            "responses": {
+                "200": _json("The job.", _ref("Job")),
+                "400": _BAD_ID,
+                "401": _UNAUTHORIZED,
+                "404": _error("No job has this id."),
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/admin/jobs/{job_id}/retry": {
+        "post": {
+            "operationId": "retryJob",
+            "tags": ["admin"],
+            "summary": "Put a failed (or pending) job back in the queue now, attempts reset",
+            "security": _SECURITY,
+            "parameters": [_id_parameter("job_id", "job")],
+            "responses": {
+                "200": _json("The job, now pending.", _ref("Job")),
+                "400": _BAD_ID,
+                "401": _UNAUTHORIZED,
+                "404": _error("No job has this id."),
+                "409": _error("The job is running or done (replay its event instead)."),
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/admin/events/{event_id}": {
+        "get": {
+            "operationId": "getEvent",
+            "tags": ["admin"],
+            "summary": "One stored event and the ids of its jobs",
+            "security": _SECURITY,
+            "parameters": [_id_parameter("event_id", "event")],
+            "responses": {
+                "200": _json("The event.", _ref("Event")),
+                "400": _BAD_ID,
+                "401": _UNAUTHORIZED,
+                "404": _error("No event has this id."),
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/admin/events/{event_id}/replay": {
+        "post": {
+            "operationId": "replayEvent",
+            "tags": ["admin"],
+            "summary": "Parse a stored event again and create its jobs",
+            "security": _SECURITY,
+            "parameters": [_id_parameter("event_id", "event")],
+            "responses": {
+                "202": _json("The jobs created (none when all their keys exist already).", _ref("Replayed")),
+                "400": _BAD_ID,
+                "401": _UNAUTHORIZED,
+                "404": _error("No event has this id."),
+                "409": _error("The event's source is not enabled, or its body does not parse."),
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+    "/admin/stats": {
+        "get": {
+            "operationId": "stats",
+            "tags": ["admin"],
+            "summary": "Jobs by status and kind, queue lag, failures in the last hour",
+            "security": _SECURITY,
+            "responses": {
+                "200": _json("The numbers.", _ref("Stats")),
+                "401": _UNAUTHORIZED,
+                "503": _UNAVAILABLE,
+            },
+        },
+    },
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 description of autom's HTTP interface (a fresh copy: callers may change it)."""
+    return copy.deepcopy({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "autom",
+            "version": __version__,
+            "description": (
+                "Webhooks in, reliable work out. Every answer is JSON except /metrics; every error is "
+                "`{\"error\": \"<one line>\"}`. /admin needs `Authorization: Bearer $ADMIN_TOKEN`."
+            ),
+        },
+        "tags": [
+            {"name": "intake", "description": "Webhook deliveries from the senders."},
+            {"name": "admin", "description": "The operator's API (bearer token)."},
+            {"name": "service", "description": "Health, metrics, this description."},
+        ],
+        "paths": _PATHS,
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {
+                "adminToken": {"type": "http", "scheme": "bearer", "description": "ADMIN_TOKEN."},
+            },
+        },
+    })
+
+
+def openapi_blueprint() -> Blueprint:
+    """The blueprint serving ``GET /openapi.json``."""
+    bp = Blueprint("openapi", __name__)
+    document = openapi_document()
+
+    @bp.get("/openapi.json")
+    async def openapi() -> Response:
+        """200 the OpenAPI description."""
+        return json_response(200, document)
+
+    return bp
