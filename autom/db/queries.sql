@@ -20,28 +20,9 @@ select version, name from schema_migrations order by version;
 insert into schema_migrations (version, name) values (%(version)s, %(name)s);
 
 -- name: enqueue_many
--- Insert jobs (arrays of equal length); a key that exists already is skipped.
--- The recipient's lock row is created or told it has a job due (ver+1 keeps a
--- concurrent claim from retiring it). NOTIFY wakes idle workers of other processes.
-with ins as (
-    insert into jobs (kind, payload, key, recipient, run_at, max_attempts, event_id)
-    select kind, payload::jsonb, key, recipient, coalesce(run_at, now()), max_attempts, event_id
-    from unnest(%(kind)s::text[], %(payload)s::text[], %(key)s::text[], %(recipient)s::text[],
-                %(run_at)s::timestamptz[], %(max_attempts)s::int[], %(event_id)s::bigint[])
-         as t (kind, payload, key, recipient, run_at, max_attempts, event_id)
-    on conflict (key) do nothing
-    returning id, recipient, run_at
-),
-rcpt as (
-    insert into recipients as r (recipient, next_due_at)
-    select recipient, min(run_at) from ins where recipient is not null group by recipient
-    on conflict (recipient) do update
-        set next_due_at = least(r.next_due_at, excluded.next_due_at), ver = r.ver + 1
-),
-wake as (
-    select pg_notify('autom_jobs', '') from ins where ins.run_at <= now() limit 1
-)
-select id from ins, (select count(*) from wake) w order by id;
+-- Insert jobs (a JSON array, see autom_enqueue in migrations/0002); a key that
+-- exists already is skipped. Returns the ids created.
+select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 
 -- name: claim
 -- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):

@@ -39,6 +39,26 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def jobs_json(jobs: Sequence[NewJob]) -> str:
+    """``jobs`` as the JSON array ``autom_enqueue`` takes (one text parameter: psycopg
+    adapts it much faster than one typed array per column)."""
+    return json.dumps(
+        [
+            {
+                "kind": j.kind,
+                "payload": _json_safe(j.payload),
+                "key": j.key,
+                "recipient": j.recipient,
+                "run_at": None if j.run_at is None else j.run_at.isoformat(),
+                "max_attempts": j.max_attempts,
+                "event_id": j.event_id,
+            }
+            for j in jobs
+        ],
+        ensure_ascii=False,
+    )
+
+
 def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> list[int]:
     """Insert ``jobs`` on ``conn`` (in its transaction); returns the ids of those created.
 
@@ -46,16 +66,7 @@ def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> l
     """
     if not jobs:
         return []
-    params = {
-        "kind": [j.kind for j in jobs],
-        "payload": [json.dumps(_json_safe(j.payload), ensure_ascii=False) for j in jobs],
-        "key": [j.key for j in jobs],
-        "recipient": [j.recipient for j in jobs],
-        "run_at": [j.run_at for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "event_id": [j.event_id for j in jobs],
-    }
-    return [row["id"] for row in conn.execute(Q.enqueue_many, params).fetchall()]
+    return [row["id"] for row in conn.execute(Q.enqueue_many, {"jobs": jobs_json(jobs)}).fetchall()]
 
 
 def _job(row: dict[str, Any]) -> Job:

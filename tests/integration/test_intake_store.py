@@ -1,10 +1,11 @@
 """``intake_store`` (queries_intake.sql) must enqueue exactly as the queue's ``enqueue_many`` does.
 
-The intake stores an event and its jobs in one statement for speed, so its jobs
-part is a copy of ``enqueue_many``. These tests run the same jobs through both
-(the reference: ``insert_jobs_sync`` in a transaction after inserting the event)
-and compare every column of ``jobs`` and ``recipients`` but ids and clock
-readings. A change to one query and not the other fails here.
+The intake stores an event and its jobs in one statement for speed; both it and
+``enqueue_many`` put jobs in through ``autom_enqueue`` (migrations/0002). These
+tests run the same jobs through both (the reference: ``insert_jobs_sync`` in a
+transaction after inserting the event) and compare every column of ``jobs`` and
+``recipients`` but ids and clock readings, so the event wrapper can never change
+how jobs are stored.
 """
 
 from __future__ import annotations
