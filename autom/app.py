@@ -136,7 +136,10 @@ async def run_service(
                     urls = await services.start(partial(serve_http, deps, create_app(deps), binds=binds))
                     log.info(f"autom serving on {', '.join(urls)} with {pool.workers} workers")
                     task_status.started(Service(deps=deps, pool=pool, urls=urls, control=control))
-                # ticker, pool and HTTP have all stopped: end the background tasks
+                # ticker, pool and HTTP have all stopped: end the background tasks, but
+                # first report alerts the throttle still holds (bounded by the HTTP timeout)
+                with trio.CancelScope(shield=True):
+                    await telegram.flush_summary(force=True)
                 background.cancel_scope.cancel()
     log.info("autom stopped")
 

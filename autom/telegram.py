@@ -179,14 +179,15 @@ class TelegramClient:
         text = f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
         return await self.alert_throttled(text)
 
-    async def flush_summary(self, now: float | None = None) -> bool:
+    async def flush_summary(self, now: float | None = None, *, force: bool = False) -> bool:
         """Send the summary of suppressed alerts if there is one and the window has room.
 
-        Called before every throttled alert and by ``run_alert_summaries``, so the summary
-        also goes out when the storm is over. Returns whether a summary was delivered.
+        Called before every throttled alert, by ``run_alert_summaries``, and with
+        ``force=True`` once at shutdown, so the summary also goes out when the storm is
+        over or the process stops. Returns whether a summary was delivered.
         """
         now = trio.current_time() if now is None else now
-        summary = self.throttle.take_summary(now)
+        summary = self.throttle.take_summary(now, force=force)
         return await self.alert(summary) if summary else False
 
     async def run_alert_summaries(
@@ -280,9 +281,12 @@ class AlertThrottle:
         self.suppressed += 1
         return False
 
-    def take_summary(self, now: float) -> str | None:
-        """The summary of suppressed alerts if there are any and the window has room, else None."""
-        if self.suppressed == 0 or not self._has_room(now):
+    def take_summary(self, now: float, *, force: bool = False) -> str | None:
+        """The summary of suppressed alerts if there are any and the window has room, else None.
+
+        ``force`` ignores the window (at shutdown: a held count must not die with the process).
+        """
+        if self.suppressed == 0 or not (force or self._has_room(now)):
             return None
         count, self.suppressed = self.suppressed, 0
         self._sent.append(now)

@@ -14,8 +14,8 @@ from datetime import UTC, datetime, tzinfo
 import trio
 
 from autom.deps import Deps
-from autom.errors import DatabaseUnavailable
 from autom.jobs.models import NewJob
+from autom.jobs.retry import describe
 from autom.schedule import Schedule, job_key, slot
 
 log = logging.getLogger("autom.schedule")
@@ -48,8 +48,8 @@ async def run_ticker(
         jobs = due_jobs(schedules, datetime.now(UTC), tz)
         try:
             created = await deps.store.enqueue_many(jobs)
-        except DatabaseUnavailable as exc:
-            log.warning(f"schedule tick failed, retrying soon: {exc}")
+        except Exception as exc:  # database down or a statement error: tick again soon
+            log.warning(f"schedule tick failed, retrying soon: {describe(exc)}")
             wait = min(interval, 5.0)
         else:
             for job_id in created:

@@ -16,7 +16,6 @@ import trio
 
 from autom.db.queries import Q
 from autom.deps import Deps
-from autom.errors import AutomError
 from autom.schedule import Schedule
 
 log = logging.getLogger("autom.watchdog")
@@ -76,6 +75,6 @@ class Watchdog:
         while True:
             try:
                 await self.check()
-            except AutomError as exc:
+            except Exception as exc:  # a failed check must not stop the next one
                 log.warning(f"watchdog check failed: {exc}")
             await trio.sleep(interval)

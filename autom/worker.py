@@ -23,11 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
+import psycopg
 import trio
 import trio_util
 
 from autom.deps import Deps, Doorbell
-from autom.errors import AutomError, DatabaseUnavailable, PermanentError
+from autom.errors import AutomError, PermanentError
 from autom.handlers import Handler, HandlerContext
 from autom.jobs.models import Job
 from autom.jobs.retry import describe
@@ -49,8 +50,12 @@ class Completer:
     """Marks finished jobs done in batches: the first completion flushes at once,
     those that arrive during a flush go together in the next one."""
 
-    def __init__(self, deps: Deps, on_flushed: Doorbell) -> None:
+    def __init__(self, deps: Deps, on_flushed: Doorbell, lock: trio.Lock) -> None:
         self._deps = deps
+        # shared with the renewer: both update the same job and recipient rows, and two
+        # multi-row statements of one process locking them in different orders deadlocked
+        # under load (bench/load.py found it); one at a time, they cannot
+        self._lock = lock
         self._pending: dict[int, Job] = {}
         self._bell = Doorbell()
         self._on_flushed = on_flushed
@@ -78,14 +83,15 @@ class Completer:
             try:
                 await self._flush()
                 backoff = 0.2
-            except DatabaseUnavailable as exc:
-                log.warning(f"could not record completions, retrying in {backoff:.1f}s: {exc}")
+            except Exception as exc:  # any database error: the completions wait, the service lives
+                log.warning(f"could not record completions, retrying in {backoff:.1f}s: {describe(exc)}")
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
     async def _flush(self) -> None:
         batch = list(self._pending.values())
-        held = await self._deps.store.complete_many(batch)
+        async with self._lock:
+            held = await self._deps.store.complete_many(batch)
         for job in batch:
             self._pending.pop(job.id, None)
             if job.id not in held:
@@ -101,8 +107,8 @@ class Completer:
             while self._pending:
                 try:
                     await self._flush()
-                except DatabaseUnavailable as exc:
-                    log.warning(f"could not record completions at shutdown: {exc}")
+                except Exception as exc:
+                    log.warning(f"could not record completions at shutdown: {describe(exc)}")
                     await trio.sleep(0.5)
         if self._pending:
             log.error(f"{len(self._pending)} finished jobs not recorded as done; they will run again "
@@ -133,7 +139,8 @@ class WorkerPool:
         self._slots = Doorbell()
         self._handler_scope = trio.CancelScope()
         self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
-        self._completer = Completer(deps, deps.doorbell)
+        self._rows_lock = trio.Lock()
+        self._completer = Completer(deps, deps.doorbell, self._rows_lock)
         self.lease_seconds = deps.store.lease_seconds
 
     def stop_at(self, deadline: float) -> None:
@@ -174,8 +181,8 @@ class WorkerPool:
             seen = self.deps.doorbell.count
             try:
                 jobs = await self.store.claim(want)
-            except DatabaseUnavailable as exc:
-                log.warning(f"claim failed, retrying in {backoff:.1f}s: {exc}")
+            except Exception as exc:  # database down or a statement error: back off, never die
+                log.warning(f"claim failed, retrying in {backoff:.1f}s: {describe(exc)}")
                 await self._wait(None, 0, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -239,8 +246,8 @@ class WorkerPool:
                     if released:
                         metrics.job_attempts.labels(job.kind, "released").inc()
                         log.warning("job interrupted by shutdown; put back to pending", extra=context)
-                except AutomError as exc:
-                    log.error(f"could not put the job back; it runs again after its lease: {exc}",
+                except (AutomError, psycopg.Error) as exc:
+                    log.error(f"could not put the job back; it runs again after its lease: {describe(exc)}",
                               extra=context)
             raise
         finally:
@@ -265,7 +272,7 @@ class WorkerPool:
         try:
             with trio.fail_after(CLEANUP_SECONDS):
                 outcome = await self.store.fail(job, exc)
-        except (DatabaseUnavailable, trio.TooSlowError) as db_exc:
+        except (AutomError, psycopg.Error, trio.TooSlowError) as db_exc:
             log.error(f"could not record the failure ({describe(exc)}); the job runs again after its lease: "
                       f"{db_exc}", extra=context)
             return
@@ -294,9 +301,10 @@ class WorkerPool:
             if not jobs:
                 continue
             try:
-                held = await self.store.renew(jobs)
-            except DatabaseUnavailable as exc:
-                log.warning(f"could not renew {len(jobs)} leases: {exc}")
+                async with self._rows_lock:
+                    held = await self.store.renew(jobs)
+            except Exception as exc:  # the next round tries again, well before the leases run out
+                log.warning(f"could not renew {len(jobs)} leases: {describe(exc)}")
                 continue
             for job in jobs:
                 running = self.running.get(job.id)

@@ -113,3 +113,13 @@ async def test_alert_job_failed_names_id_kind_attempts_and_error() -> None:
     ]
     await client.alert_job_failed(43, "site.form", 1, ValueError("bad\npayload"))
     assert client.sent[-1] == "autom: job 43 (site.form) failed after 1 attempt: bad payload"
+
+
+def test_force_takes_the_summary_even_when_the_window_is_full():
+    throttle = AlertThrottle(limit=2, window=60)
+    assert throttle.admit(0) and throttle.admit(1)
+    assert not throttle.admit(2) and not throttle.admit(3)
+    assert throttle.take_summary(4) is None  # no room yet
+    summary = throttle.take_summary(4, force=True)  # shutdown: report what is held
+    assert summary is not None and summary.startswith("2 more alerts suppressed")
+    assert throttle.take_summary(5, force=True) is None  # nothing left
