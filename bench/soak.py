@@ -1,0 +1,1052 @@
+"""Soak: two replicas under kills, a database restart and a faulty Telegram; then prove nothing went wrong.
+
+    python bench/soak.py --minutes 5            the full run (bench/RESULTS.md, Soak)
+    python bench/soak.py --seconds 35           the short run of tests/soak/test_soak_short.py
+    options: [--seed 1] [--rate 10] [--json FILE] [--keep]
+
+What one run does (bench/soak.md has the reasoning behind each choice):
+
+1. starts a throwaway embedded PostgreSQL that can be stopped and started
+   (``tests/support/restartable_pg.py``) and adds an *audit trigger* to its
+   ``jobs`` table: every insert and every change of ``status`` or ``lease`` is
+   copied to ``soak_audit`` with the clock time and the name of the process
+   incarnation that made it (each incarnation connects with
+   ``options=-c soak.incarnation=r0-3`` in its DATABASE_URL);
+2. serves a Telegram Bot API stub in this process whose ``sendMessage`` answers a
+   seeded random mix: 200, slow 200, 502, 429 with ``retry_after`` 1 s, "hangs"
+   (an answer after HTTP_TIMEOUT_SECONDS + 3 s, so the worker times out) and a
+   rare 400. The alert chat always gets a quick 200: alerts are not retried by
+   design, so a fault there would only test the stub. Each incarnation has its
+   own bot token, so every recorded call names the process that made it;
+3. starts two ``autom run`` replicas (tests/support/processes.py) with a 3 s
+   lease, a 2 s HTTP timeout and a 1 s shutdown grace;
+4. a sender posts signed ``/ping`` updates at a steady rate to both replicas, each
+   from its own chat (so a chat's sendMessage calls are exactly its one job's
+   handler runs), and redelivers ~10 % of them (half at the same moment to the
+   other replica, half up to 3 s later). A delivery that gets no 202 (a refused
+   connection, a 503) is retried every 0.5 s, as Telegram would;
+5. a chaos loop, at seeded random moments, SIGKILLs or SIGTERMs one replica and
+   starts a new incarnation in its place, and once restarts PostgreSQL;
+6. quiesces: chaos and sender stop, the backlog drains, leases and stale
+   handler calls run out, both replicas get SIGTERM;
+7. checks the invariants (below) against the database, the audit, the stub's
+   calls, the sender's answers and the processes' JSON logs, prints the checks
+   and the figures, and exits 1 if any check failed.
+
+The checks:
+
+* intake: every update answered 202 has exactly one event (by its update_id),
+  every event exactly one job, and every update sent was accepted in the end;
+* redeliveries: no extra events or jobs (one per distinct update);
+* answers: only 202, or 503 while the database was down (plus a few seconds for
+  the pools to reconnect); refused or cut connections only from a replica that
+  had been signalled;
+* outcomes: every job ``done`` or ``failed``, none ``pending``/``running``;
+* alerts: every failed job named in exactly one alert, or accounted for by a
+  throttle summary from the process that failed it; no alert for another job;
+* fencing: every transition out of ``running`` (done, failed, retry, release)
+  was made by the incarnation holding the job's current lease generation,
+  ``jobs.lease`` equals the claims seen, each job finished exactly once;
+* reruns: a job's handler ran more than once only after a retryable answer
+  (502, 429, timeout), a SIGTERM that cancelled it, the death of its process, or
+  the database restart; each cause is counted;
+* processes: every SIGTERM ended in exit 0, no process died unasked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import trio
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.processes import AutomProcess, AutomProcesses, autom_processes
+from tests.support.restartable_pg import RestartablePg, restartable_pg
+from tests.support.service import ALERT_CHAT, TG_SECRET, telegram_update
+from tests.support.telegram_stub import Reply, TelegramStub
+
+#: chat id of update N is CHAT_BASE + N: one job per chat, so a chat's calls are its job's runs
+CHAT_BASE = 7_000_000_000
+LEASE_SECONDS = 3.0
+HTTP_TIMEOUT = 2.0
+GRACE_SECONDS = 1.0
+#: how long after PostgreSQL is back a 503 is still "while the database was down" (pool reconnect)
+RECONNECT_SLACK = 5.0
+
+PROCESS_SETTINGS = {
+    "WORKERS": "4",
+    "JOB_LEASE_SECONDS": f"{LEASE_SECONDS:g}",
+    "HTTP_TIMEOUT_SECONDS": f"{HTTP_TIMEOUT:g}",
+    "RETRY_BASE_SECONDS": "0.2",
+    "RETRY_MAX_SECONDS": "2",
+    "SHUTDOWN_GRACE_SECONDS": f"{GRACE_SECONDS:g}",
+    "LOG_LEVEL": "info",
+}
+
+#: the sendMessage mix (weights; the alert chat is exempt)
+MIX = {"ok": 0.70, "slow": 0.10, "502": 0.08, "429": 0.06, "hang": 0.055, "400": 0.005}
+
+CHECKS = ("intake", "redeliveries", "answers", "outcomes", "alerts", "fencing", "reruns", "processes")
+
+AUDIT_SQL = """
+create table soak_audit (
+    seq              bigserial primary key,
+    job_id           bigint not null,
+    op               text not null,
+    old_status       text,
+    new_status       text,
+    old_lease        bigint,
+    new_lease        bigint,
+    old_attempts     int,
+    new_attempts     int,
+    old_run_at       timestamptz,
+    old_locked_until timestamptz,
+    last_error       text,
+    by_inc           text,
+    at               timestamptz not null default clock_timestamp()
+);
+create function soak_audit_jobs() returns trigger language plpgsql as $$
+begin
+    if tg_op = 'INSERT' then
+        insert into soak_audit (job_id, op, new_status, new_lease, new_attempts, old_run_at, by_inc)
+        values (new.id, 'insert', new.status, new.lease, new.attempts, new.run_at,
+                current_setting('soak.incarnation', true));
+    else
+        insert into soak_audit (job_id, op, old_status, new_status, old_lease, new_lease, old_attempts,
+                                new_attempts, old_run_at, old_locked_until, last_error, by_inc)
+        values (new.id, 'update', old.status, new.status, old.lease, new.lease, old.attempts, new.attempts,
+                old.run_at, old.locked_until, new.last_error, current_setting('soak.incarnation', true));
+    end if;
+    return null;
+end $$;
+create trigger soak_audit_insert after insert on jobs for each row execute function soak_audit_jobs();
+create trigger soak_audit_update after update on jobs for each row
+    when (old.status is distinct from new.status or old.lease is distinct from new.lease)
+    execute function soak_audit_jobs();
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long and how hard: derived from the run length."""
+
+    run_seconds: float
+    rate: float  # new updates per second
+    chaos_every: tuple[float, float]  # seconds between chaos actions (uniform)
+    pg_restart_at: float  # fraction of the run
+    pg_down_seconds: float
+    drain_timeout: float
+    progress_every: float
+
+    @classmethod
+    def for_run(cls, seconds: float, rate: float | None) -> Profile:
+        short = seconds < 120
+        return cls(
+            run_seconds=seconds,
+            rate=rate or (6.0 if short else 10.0),
+            chaos_every=(4.0, 7.0) if short else (7.0, 16.0),
+            pg_restart_at=0.4,
+            pg_down_seconds=2.0 if short else 3.0,
+            drain_timeout=30.0 if short else 120.0,
+            progress_every=10.0 if short else 30.0,
+        )
+
+
+# -- the faulty Telegram ----------------------------------------------------------------
+
+
+class FaultyStub(TelegramStub):
+    """The test stub with a seeded random sendMessage mix; ``kinds[i]`` is how call ``i`` was answered."""
+
+    def __init__(self, rng: random.Random, mix: dict[str, float]) -> None:
+        super().__init__()
+        self.rng = rng
+        self.kinds: list[str] = []
+        self._names = list(mix)
+        self._weights = list(mix.values())
+
+    def _next_reply(self, method: str, params: dict[str, Any]) -> Reply:
+        # called right after the call was recorded (no await between): kinds stays aligned with calls
+        kind = "ok"
+        if method.lower() == "sendmessage" and str(params.get("chat_id")) != ALERT_CHAT:
+            kind = self.rng.choices(self._names, self._weights)[0]
+        self.kinds.append(kind)
+        return {
+            "ok": Reply(),
+            "slow": Reply(delay=self.rng.uniform(0.2, 1.0)),
+            "502": Reply(status=502),
+            "429": Reply(status=429, retry_after=1),
+            "hang": Reply(delay=HTTP_TIMEOUT + 3.0),
+            "400": Reply(status=400, description="Bad Request: chat not found"),
+        }[kind]
+
+
+async def serve_stub(
+    stub: TelegramStub, *, task_status: trio.TaskStatus[trio.Event] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve ``stub`` on 127.0.0.1 (as ``running_stub`` does) until the returned event is set."""
+    import logging
+
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.graceful_timeout = 1.0
+    config.accesslog = None
+    config.errorlog = logging.getLogger("soak.stub.hypercorn")
+    stopping = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, stub, config, shutdown_trigger=stopping.wait, mode="asgi"))
+        stub.url = binds[0]
+        task_status.started(stopping)
+        await stopping.wait()
+        stub.release()
+        nursery.cancel_scope.deadline = trio.current_time() + 5
+
+
+# -- replicas -----------------------------------------------------------------------------
+
+
+@dataclass
+class Incarnation:
+    """One ``autom run`` process in one slot; its name is in its bot token and its DB session."""
+
+    name: str
+    slot: int
+    proc: AutomProcess
+    client: httpx.AsyncClient
+    started_at: float
+    signalled: str | None = None  # "KILL" / "TERM"
+    signalled_at: float | None = None
+    exited_at: float | None = None
+    returncode: int | None = None
+    final: bool = False  # terminated by the quiesce, not by chaos
+
+
+@dataclass
+class Delivery:
+    """One POST of an update (a first delivery, a redelivery or a retry of either)."""
+
+    update_id: int
+    inc: str
+    started: float
+    latency: float
+    status: int | None
+    error: str | None
+    body: dict[str, Any] | None
+
+
+class Soak:
+    """The whole run: processes, stub, sender, chaos, and what they recorded."""
+
+    def __init__(self, pg: RestartablePg, procs: AutomProcesses, stub: FaultyStub, profile: Profile,
+                 seed: int) -> None:
+        self.pg = pg
+        self.procs = procs
+        self.stub = stub
+        self.profile = profile
+        self.rng = random.Random(seed)
+        self.slots: list[Incarnation | None] = [None, None]
+        self.incarnations: list[Incarnation] = []
+        self._generation = Counter[int]()
+        self.deliveries: list[Delivery] = []
+        self.sent_updates: set[int] = set()
+        self.redeliveries = 0
+        self.pg_windows: list[tuple[float, float]] = []  # (stop called, start returned)
+        self.chaos_log: list[tuple[float, str]] = []
+        self.start_failures: list[str] = []
+        self.give_up_at = math.inf
+        self.stop_sending = trio.Event()
+        self.stop_chaos = trio.Event()
+        self.t0 = time.time()
+        self.quiesce: dict[str, float] = {}
+
+    def say(self, text: str) -> None:
+        print(f"[{time.time() - self.t0:6.1f}s] {text}", flush=True)
+
+    # -- processes ----------------------------------------------------------------------
+
+    async def start_slot(self, slot: int) -> Incarnation:
+        self._generation[slot] += 1
+        name = f"r{slot}-{self._generation[slot]}"
+        dsn = make_conninfo(self.pg.dsn, options=f"-c soak.incarnation={name}")
+        for attempt in range(3):
+            try:
+                proc = await self.procs.start(
+                    dsn=dsn, telegram_url=self.stub.url, TELEGRAM_BOT_TOKEN=f"123456:soak-{name}", **PROCESS_SETTINGS
+                )
+                break
+            except (AssertionError, trio.TooSlowError) as exc:
+                self.start_failures.append(f"{name} attempt {attempt + 1}: {str(exc)[:300]}")
+                await trio.sleep(1.0)
+        else:
+            raise RuntimeError(f"could not start {name}: {self.start_failures[-1]}")
+        client = httpx.AsyncClient(
+            base_url=proc.url, timeout=10.0, limits=httpx.Limits(max_connections=16, max_keepalive_connections=16)
+        )
+        inc = Incarnation(name=name, slot=slot, proc=proc, client=client, started_at=time.time())
+        self.incarnations.append(inc)
+        self.slots[slot] = inc
+        return inc
+
+    async def stop_incarnation(self, inc: Incarnation, how: str) -> None:
+        """Signal ``inc`` (KILL or TERM), wait for its exit, reap it."""
+        if self.slots[inc.slot] is inc:
+            self.slots[inc.slot] = None  # the sender stops choosing it now
+        inc.signalled, inc.signalled_at = how, time.time()
+        if how == "KILL":
+            inc.proc.kill()
+        else:
+            inc.proc.terminate()
+        try:
+            inc.returncode = await inc.proc.wait(timeout=10 if how == "KILL" else GRACE_SECONDS + 20)
+        except trio.TooSlowError:
+            inc.proc.kill()
+            inc.returncode = await inc.proc.wait(timeout=10)
+            inc.signalled = f"{how} (hung; killed)"
+        inc.exited_at = time.time()
+        # reaped and judged here: AutomProcesses would print every non-zero exit's log at the end
+        if inc.proc in self.procs.started:
+            self.procs.started.remove(inc.proc)
+
+    async def chaos(self) -> None:
+        """Kill or terminate one replica at random moments and restart it; restart PostgreSQL once."""
+        profile = self.profile
+        pg_at = self.t0 + profile.run_seconds * profile.pg_restart_at
+        pg_done = False
+        while not self.stop_chaos.is_set():
+            with trio.move_on_after(self.rng.uniform(*profile.chaos_every)):
+                await self.stop_chaos.wait()
+            if self.stop_chaos.is_set():
+                break
+            if not pg_done and time.time() >= pg_at:
+                pg_done = True
+                await self.restart_pg()
+                continue
+            slot = self.rng.randrange(2)
+            inc = self.slots[slot]
+            if inc is None:
+                continue
+            how = self.rng.choice(["KILL", "TERM"])
+            self.say(f"chaos: SIG{how} {inc.name}")
+            await self.stop_incarnation(inc, how)
+            self.chaos_log.append((time.time(), f"SIG{how} {inc.name} -> exit {inc.returncode}"))
+            await trio.sleep(self.rng.uniform(0.2, 1.5))
+            new = await self.start_slot(slot)
+            self.chaos_log.append((time.time(), f"started {new.name}"))
+
+    async def restart_pg(self) -> None:
+        self.say("chaos: PostgreSQL stop")
+        stopped = time.time()
+        await trio.to_thread.run_sync(self.pg.stop)
+        await trio.sleep(self.profile.pg_down_seconds)
+        await trio.to_thread.run_sync(self.pg.start)
+        self.pg_windows.append((stopped, time.time()))
+        self.chaos_log.append((time.time(), f"PostgreSQL restarted (down {time.time() - stopped:.1f}s)"))
+        self.say("chaos: PostgreSQL started again")
+
+    # -- the sender -----------------------------------------------------------------------
+
+    def _target(self, slot: int) -> Incarnation | None:
+        inc = self.slots[slot]
+        return inc if inc is not None else self.slots[1 - slot]
+
+    async def deliver(self, update_id: int, slot: int, limit: trio.CapacityLimiter, delay: float = 0.0) -> None:
+        """POST the update until it gets a 202 (refused, cut or 503 → again in 0.5 s, as Telegram does)."""
+        if delay:
+            await trio.sleep(delay)
+        body = json.dumps(telegram_update(update_id, CHAT_BASE + update_id, "/ping")).encode()
+        headers = {"X-Telegram-Bot-Api-Secret-Token": TG_SECRET, "Content-Type": "application/json"}
+        while time.time() < self.give_up_at:
+            inc = self._target(slot)
+            if inc is None:
+                await trio.sleep(0.1)
+                continue
+            async with limit:
+                started, clock = time.time(), time.perf_counter()
+                status = error = payload = None
+                try:
+                    response = await inc.client.post("/hooks/telegram", content=body, headers=headers)
+                    status = response.status_code
+                    try:
+                        payload = response.json()
+                    except ValueError:
+                        payload = {"raw": response.text[:200]}
+                except httpx.HTTPError as exc:
+                    error = type(exc).__name__
+                latency = time.perf_counter() - clock
+            self.deliveries.append(Delivery(update_id, inc.name, started, latency, status, error, payload))
+            if status == 202:
+                return
+            slot = 1 - slot
+            await trio.sleep(0.5)
+
+    async def send(self) -> None:
+        """New updates at a steady rate until told to stop; then waits for every delivery to finish."""
+        limit = trio.CapacityLimiter(48)
+        interval = 1.0 / self.profile.rate
+        update_id = 1000
+        async with trio.open_nursery() as nursery:
+            next_at = trio.current_time()
+            while not self.stop_sending.is_set():
+                update_id += 1
+                self.sent_updates.add(update_id)
+                slot = update_id % 2
+                nursery.start_soon(self.deliver, update_id, slot, limit)
+                roll = self.rng.random()
+                if roll < 0.05:  # the same update at the same moment to the other replica
+                    self.redeliveries += 1
+                    nursery.start_soon(self.deliver, update_id, 1 - slot, limit)
+                elif roll < 0.10:  # a late redelivery
+                    self.redeliveries += 1
+                    nursery.start_soon(partial(self.deliver, update_id, 1 - slot, limit,
+                                               delay=self.rng.uniform(0.2, 3.0)))
+                next_at += interval
+                with trio.move_on_at(next_at):
+                    await self.stop_sending.wait()
+
+    # -- watching -------------------------------------------------------------------------
+
+    async def progress(self) -> None:
+        while True:
+            await trio.sleep(self.profile.progress_every)
+            try:
+                counts = await trio.to_thread.run_sync(job_counts, self.pg.dsn)
+            except psycopg.Error:
+                counts = {"db": "down"}
+            accepted = sum(1 for d in self.deliveries if d.status == 202)
+            self.say(f"deliveries {len(self.deliveries)} (202: {accepted}), jobs {counts}, "
+                     f"sendMessage calls {len(self.stub.calls)}")
+
+    async def watch_crashes(self) -> None:
+        """Note a replica that exits without being asked (a crash); it is restarted so the run goes on."""
+        while True:
+            await trio.sleep(0.5)
+            for slot, inc in enumerate(self.slots):
+                if inc is not None and inc.proc.returncode is not None and inc.signalled is None:
+                    inc.signalled, inc.returncode, inc.exited_at = "none (crashed)", inc.proc.returncode, time.time()
+                    self.slots[slot] = None
+                    self.say(f"{inc.name} exited by itself with {inc.returncode}")
+                    if inc.proc in self.procs.started:
+                        self.procs.started.remove(inc.proc)
+                    await self.start_slot(slot)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        profile = self.profile
+        self.say(f"starting 2 replicas (stub at {self.stub.url})")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.start_slot, 0)
+            nursery.start_soon(self.start_slot, 1)
+        self.t0 = time.time()
+        self.say(f"running {profile.run_seconds:g}s at {profile.rate:g} updates/s")
+        async with trio.open_nursery() as watchers:
+            watchers.start_soon(self.progress)
+            watchers.start_soon(self.watch_crashes)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.send)
+                nursery.start_soon(self.chaos)
+                await trio.sleep(profile.run_seconds)
+                self.say("quiesce: stopping chaos and sender")
+                self.stop_chaos.set()
+                self.stop_sending.set()
+                self.give_up_at = time.time() + 30
+            self.quiesce["sender_stopped"] = time.time()
+            for slot in (0, 1):
+                if self.slots[slot] is None:
+                    await self.start_slot(slot)
+            self.say("quiesce: waiting for the backlog to drain")
+            with trio.move_on_after(profile.drain_timeout) as drain:
+                while True:
+                    if not (await trio.to_thread.run_sync(job_counts, self.pg.dsn)).get("open", 0):
+                        break
+                    await trio.sleep(0.25)
+            self.quiesce["drained"] = time.time()
+            self.quiesce["drain_timed_out"] = float(drain.cancelled_caught)
+            watchers.cancel_scope.cancel()
+        # stale handler calls (a claim that lost its lease) end within the HTTP timeout; leases run out
+        await trio.sleep(LEASE_SECONDS + HTTP_TIMEOUT + 1)
+        self.say("quiesce: SIGTERM to both replicas")
+        async with trio.open_nursery() as nursery:
+            for inc in list(self.slots):
+                if inc is not None:
+                    inc.final = True
+                    nursery.start_soon(self.stop_incarnation, inc, "TERM")
+        self.quiesce["stopped"] = time.time()
+
+
+def job_counts(dsn: str) -> dict[str, int]:
+    """Jobs by status, plus ``open`` = pending or running (due now or not)."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+        rows = conn.execute("select status, count(*) from jobs group by status").fetchall()
+    counts = {status: int(n) for status, n in rows}
+    counts["open"] = counts.get("pending", 0) + counts.get("running", 0)
+    return counts
+
+
+def install_audit(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL)
+
+
+def fetch_tables(dsn: str) -> dict[str, list[dict[str, Any]]]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        return {
+            "events": list(conn.execute("select id, source, dedup_key from events")),
+            "jobs": list(conn.execute(
+                "select id, kind, status, attempts, max_attempts, lease, key, recipient, event_id, last_error,"
+                " extract(epoch from run_at)::float8 as run_at from jobs")),
+            "audit": list(conn.execute(
+                "select seq, job_id, op, old_status, new_status, old_lease, new_lease, old_attempts, new_attempts,"
+                " extract(epoch from old_run_at)::float8 as old_run_at,"
+                " extract(epoch from old_locked_until)::float8 as old_locked_until,"
+                " last_error, by_inc, extract(epoch from at)::float8 as at from soak_audit order by seq")),
+        }
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, name: str, ok: bool, detail: str, problems: list[str] | None = None) -> None:
+        self.checks.append({"name": name, "ok": bool(ok), "detail": detail, "problems": (problems or [])[:20]})
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+_ALERT_JOB = re.compile(r"^autom: job (\d+) \(")
+_SUMMARY = re.compile(r"^(\d+) more alerts? suppressed")
+
+
+def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
+    report = Report()
+    incs = {inc.name: inc for inc in soak.incarnations}
+    logs = {inc.name: inc.proc.log_records() for inc in soak.incarnations}
+    pg_windows = soak.pg_windows
+
+    def in_outage(t0: float, t1: float | None = None, slack: float = RECONNECT_SLACK) -> bool:
+        t1 = t0 if t1 is None else t1
+        return any(t1 >= down - 0.5 and t0 <= up + slack for down, up in pg_windows)
+
+    events = [e for e in tables["events"] if e["source"] == "telegram"]
+    jobs = tables["jobs"]
+    tg_jobs = [j for j in jobs if j["kind"] == "telegram.message"]
+    audit = tables["audit"]
+
+    # ---- intake: every 202 → exactly one event, every event → exactly one job -------------
+    by_update: dict[int, list[Delivery]] = defaultdict(list)
+    for d in soak.deliveries:
+        by_update[d.update_id].append(d)
+    events_by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        events_by_key[str(e["dedup_key"])].append(e)
+    jobs_by_event: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for j in jobs:
+        if j["event_id"] is not None:
+            jobs_by_event[j["event_id"]].append(j)
+    problems = []
+    accepted = {u for u, ds in by_update.items() if any(d.status == 202 for d in ds)}
+    for update_id in sorted(accepted):
+        found = events_by_key.get(str(update_id), [])
+        if len(found) != 1:
+            problems.append(f"update {update_id}: answered 202 but {len(found)} events")
+            continue
+        for d in by_update[update_id]:
+            if d.status == 202 and d.body and "id" in d.body and d.body["id"] != found[0]["id"]:
+                problems.append(f"update {update_id}: 202 named event {d.body['id']}, stored as {found[0]['id']}")
+    for e in events:
+        own = jobs_by_event.get(e["id"], [])
+        if len(own) != 1 or own[0]["key"] != f"telegram:{e['dedup_key']}":
+            problems.append(f"event {e['id']} (update {e['dedup_key']}): jobs {[j['id'] for j in own]}")
+    never = sorted(soak.sent_updates - accepted)
+    if never:
+        problems.append(f"{len(never)} updates never accepted, e.g. {never[:5]}")
+    report.check("intake", not problems,
+                 f"{len(accepted)} updates answered 202 → {len(events)} events → "
+                 f"{sum(len(v) for v in jobs_by_event.values())} jobs", problems)
+
+    # ---- redeliveries: no extra events or jobs ---------------------------------------------
+    dup_answers = sum(1 for d in soak.deliveries if d.status == 202 and d.body and d.body.get("duplicate"))
+    delivered_twice = sum(1 for ds in by_update.values() if len(ds) > 1)
+    problems = []
+    if len(events) != len(soak.sent_updates):
+        problems.append(f"{len(events)} events for {len(soak.sent_updates)} distinct updates")
+    if len(tg_jobs) != len(soak.sent_updates):
+        problems.append(f"{len(tg_jobs)} telegram.message jobs for {len(soak.sent_updates)} distinct updates")
+    # an update whose "new event" answer was lost (the connection broke after the commit) is
+    # answered "duplicate" on its next delivery; anything else must get exactly one new-event answer
+    answers_lost = 0
+    for update_id, ds in by_update.items():
+        news = [d for d in ds if d.status == 202 and d.body and "id" in d.body]
+        if len(news) > 1:
+            problems.append(f"update {update_id}: {len(news)} answers with a new event id")
+        elif not news and any(d.status == 202 for d in ds):
+            first_ok = min(d.started + d.latency for d in ds if d.status == 202)
+            if any(d.status != 202 and d.started < first_ok for d in ds):
+                answers_lost += 1
+            else:
+                problems.append(f"update {update_id}: answered duplicate with no earlier delivery stored")
+    stray = {str(e["dedup_key"]) for e in events} - {str(u) for u in soak.sent_updates}
+    if stray:
+        problems.append(f"events for updates never sent: {sorted(stray)[:5]}")
+    report.check("redeliveries", not problems,
+                 f"{delivered_twice} updates posted more than once ({soak.redeliveries} deliberate), "
+                 f"{dup_answers} answered duplicate ({answers_lost} after a lost answer); {len(events)} events and "
+                 f"{len(tg_jobs)} jobs for {len(soak.sent_updates)} updates", problems)
+
+    # ---- answers: 202, or 503 while the database was down; connection errors only from stopping replicas
+    statuses = Counter(d.status if d.status is not None else d.error for d in soak.deliveries)
+    problems = []
+    late_503 = []
+    for d in soak.deliveries:
+        if d.status == 202:
+            continue
+        if d.status == 503:
+            if not in_outage(d.started, d.started + d.latency, slack=0.0):
+                late_503.append(d.started)
+            if not in_outage(d.started, d.started + d.latency):
+                problems.append(f"503 for update {d.update_id} from {d.inc} at +{d.started - soak.t0:.1f}s, "
+                                f"outside the database outage")
+            continue
+        if d.status is not None:
+            problems.append(f"HTTP {d.status} for update {d.update_id} from {d.inc}: {d.body}")
+            continue
+        inc = incs[d.inc]
+        if inc.signalled_at is None or inc.signalled_at > d.started + d.latency + 0.05:
+            problems.append(f"{d.error} for update {d.update_id} from {d.inc}, which was not being stopped")
+    after_up = [t - up for t in late_503 for _, up in pg_windows if t >= up]
+    report.check("answers", not problems,
+                 "answers: " + ", ".join(f"{k}: {v}" for k, v in statuses.most_common())
+                 + (f"; last 503 {max(after_up):.2f}s after PostgreSQL was back" if after_up else ""), problems)
+
+    # ---- outcomes --------------------------------------------------------------------------
+    by_status = Counter(j["status"] for j in jobs)
+    open_jobs = [j for j in jobs if j["status"] not in ("done", "failed")]
+    report.check("outcomes", not open_jobs and not soak.quiesce.get("drain_timed_out"),
+                 "jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items()))
+                 + f" (drained {soak.quiesce.get('drained', 0) - soak.quiesce.get('sender_stopped', 0):.1f}s "
+                   "after the sender stopped)",
+                 [f"job {j['id']} ({j['kind']}) is {j['status']} after {j['attempts']} attempts" for j in open_jobs])
+
+    # ---- the audit: claims and endings per job -----------------------------------------------
+    claims: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    endings: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
+    terminal: Counter[int] = Counter()
+    problems_fence = []
+    for row in audit:
+        if row["op"] != "update":
+            continue
+        jid = row["job_id"]
+        if row["new_lease"] == row["old_lease"] + 1:
+            if row["new_status"] != "running":
+                problems_fence.append(f"job {jid}: lease {row['new_lease']} taken into {row['new_status']}")
+            claims[jid].append(row)
+        elif row["new_lease"] != row["old_lease"]:
+            problems_fence.append(f"job {jid}: lease went {row['old_lease']} → {row['new_lease']}")
+        elif row["old_status"] == "running":
+            if row["old_lease"] in endings[jid]:
+                problems_fence.append(f"job {jid}: claim {row['old_lease']} ended twice")
+            endings[jid][row["old_lease"]] = row
+        else:
+            problems_fence.append(f"job {jid}: {row['old_status']} → {row['new_status']} without a claim")
+        if row["new_status"] in ("done", "failed"):
+            terminal[jid] += 1
+        if row["old_status"] in ("done", "failed"):
+            problems_fence.append(f"job {jid}: left {row['old_status']} for {row['new_status']}")
+
+    # ---- alerts ---------------------------------------------------------------------------------
+    alert_calls = [(c, k) for c, k in zip(soak.stub.calls, soak.stub.kinds, strict=True)
+                   if c.method.lower() == "sendmessage" and str(c.params.get("chat_id")) == ALERT_CHAT]
+    alerted: Counter[int] = Counter()
+    summaries: dict[str, list[float]] = defaultdict(list)
+    other_alerts = []
+    for call, _ in alert_calls:
+        text = str(call.params.get("text", ""))
+        token_inc = call.token.split("soak-", 1)[-1]
+        if m := _ALERT_JOB.match(text):
+            alerted[int(m.group(1))] += 1
+        elif m := _SUMMARY.match(text):
+            summaries[token_inc].append(call.time)
+        else:
+            other_alerts.append(text[:120])
+    failed = {j["id"]: j for j in jobs if j["status"] == "failed"}
+    problems = []
+    summarised = lost_with_process = 0
+    for jid, job in sorted(failed.items()):
+        if alerted[jid] == 1:
+            continue
+        if alerted[jid] > 1:
+            problems.append(f"job {jid}: {alerted[jid]} alerts")
+            continue
+        end = next((r for r in endings[jid].values() if r["new_status"] == "failed"), None)
+        owner = end["by_inc"] if end else None
+        suppressed = owner is not None and any(
+            "alert suppressed by the throttle" in str(r.get("msg")) and f"job {jid} (" in str(r.get("msg"))
+            for r in logs.get(owner, []))
+        if suppressed and any(t >= end["at"] for t in summaries.get(owner, [])):
+            summarised += 1
+            continue
+        inc = incs.get(owner or "")
+        held = "held by the throttle" if suppressed else "not sent yet"
+        if inc is not None and inc.signalled == "KILL" and inc.signalled_at is not None and end is not None \
+                and inc.signalled_at >= end["at"] - 0.1:
+            # SIGKILL leaves no chance to send what is only in memory (no outbox): a known limit
+            lost_with_process += 1
+            report.notes.append(f"job {jid}: its alert was {held} when {owner} got SIGKILL: lost with the process")
+            continue
+        if inc is not None and inc.signalled == "TERM" and end is not None:
+            problems.append(f"job {jid}: its alert was {held} when {owner} got SIGTERM, and the process exited "
+                            "without sending it (or a summary)")
+            continue
+        problems.append(f"job {jid} ({job['last_error']}) failed with no alert (failed by {owner})")
+    status_of = {j["id"]: j["status"] for j in jobs}
+    for jid in alerted:
+        if jid not in failed:
+            problems.append(f"an alert names job {jid}, which is {status_of.get(jid, 'unknown')}")
+    if other_alerts:
+        report.notes.append(f"other alerts: {other_alerts[:5]}")
+    report.check("alerts", not problems,
+                 f"{len(failed)} failed jobs: {sum(1 for j in failed if alerted[j] == 1)} named in one alert, "
+                 f"{summarised} in a throttle summary, {lost_with_process} lost with a killed process; "
+                 f"{len(alert_calls)} alert messages ({sum(len(v) for v in summaries.values())} summaries)",
+                 problems)
+
+    # ---- fencing ------------------------------------------------------------------------------
+    lease_lost_lines: Counter[str] = Counter()
+    lost_logged: set[tuple[str, int]] = set()
+    for name, recs in logs.items():
+        for r in recs:
+            msg = str(r.get("msg", ""))
+            for marker in ("job finished but its lease was lost", "lease lost while the handler ran",
+                           "job failed but its lease was lost"):
+                if marker in msg:
+                    lease_lost_lines[marker] += 1
+                    lost_logged.add((name, int(r.get("job_id", 0))))
+    for job in jobs:
+        jid = job["id"]
+        own = sorted(claims[jid], key=lambda r: r["new_lease"])
+        if [r["new_lease"] for r in own] != list(range(1, job["lease"] + 1)):
+            problems_fence.append(f"job {jid}: lease {job['lease']} but claims {[r['new_lease'] for r in own]}")
+        if job["status"] in ("done", "failed") and terminal[jid] != 1:
+            problems_fence.append(f"job {jid}: {terminal[jid]} transitions into done/failed")
+        holder = {r["new_lease"]: r["by_inc"] for r in own}
+        for lease, end in endings[jid].items():
+            if end["by_inc"] != holder.get(lease):
+                problems_fence.append(f"job {jid}: claim {lease} of {holder.get(lease)} ended ({end['new_status']}) "
+                                      f"by {end['by_inc']}")
+            if lease != job["lease"] and end["new_status"] in ("done", "failed"):
+                problems_fence.append(f"job {jid}: finished by claim {lease}, but claim {job['lease']} exists")
+    untagged = sum(1 for r in audit if r["op"] == "update" and not r["by_inc"])
+    if untagged:
+        problems_fence.append(f"{untagged} audited changes made by no known incarnation")
+    n_claims = sum(len(v) for v in claims.values())
+    report.check("fencing", not problems_fence,
+                 f"{n_claims} claims = Σ jobs.lease {sum(j['lease'] for j in jobs)}; every done/failed/retry/release "
+                 f"by the holder of the current lease; stale claims fenced off (log lines: "
+                 + ", ".join(f"'{k}' {v}" for k, v in lease_lost_lines.items()) + ")"
+                 if lease_lost_lines else
+                 f"{n_claims} claims = Σ jobs.lease {sum(j['lease'] for j in jobs)}; every done/failed/retry/release "
+                 "by the holder of the current lease; no stale claim seen in the logs", problems_fence)
+
+    # ---- reruns: every handler run beyond the one that counted has a cause -----------------------
+    calls_by_chat: dict[str, list[tuple[Any, str]]] = defaultdict(list)
+    for call, kind in zip(soak.stub.calls, soak.stub.kinds, strict=True):
+        if call.method.lower() == "sendmessage" and str(call.params.get("chat_id")) != ALERT_CHAT:
+            calls_by_chat[str(call.params.get("chat_id"))].append((call, kind))
+    causes: Counter[str] = Counter()
+    retry_causes: Counter[str] = Counter()
+    problems = []
+    extra_runs = 0
+    jobs_run_more = 0
+    for job in tg_jobs:
+        jid = job["id"]
+        own = sorted(claims[jid], key=lambda r: r["new_lease"])
+        runs = calls_by_chat.get(str(job["recipient"]), [])
+        # each call belongs to the latest claim its incarnation made before it
+        per_claim: dict[int, list[tuple[Any, str]]] = defaultdict(list)
+        for call, kind in runs:
+            inc = call.token.split("soak-", 1)[-1]
+            mine = [r for r in own if r["by_inc"] == inc and r["at"] <= call.time + 0.05]
+            if not mine:
+                problems.append(f"job {jid}: a sendMessage from {inc} without a claim of {inc}")
+                continue
+            per_claim[mine[-1]["new_lease"]].append((call, kind))
+        if len(runs) > 1:
+            jobs_run_more += 1
+            extra_runs += len(runs) - 1
+        for lease, calls in per_claim.items():
+            if len(calls) > 1:
+                problems.append(f"job {jid}: claim {lease} called sendMessage {len(calls)} times")
+        for claim in own:
+            lease = claim["new_lease"]
+            calls = per_claim.get(lease, [])
+            end = endings[jid].get(lease)
+            final = end is not None and end["new_status"] in ("done", "failed")
+            if final:
+                if end["new_status"] == "done" and (len(calls) != 1 or calls[0][1] not in ("ok", "slow")):
+                    problems.append(f"job {jid}: done by claim {lease} whose calls were {[k for _, k in calls]}")
+                continue
+            cause = why_claim_ended(claim, end, own, incs, in_outage, calls, lost_logged)
+            if calls:
+                causes[cause] += 1
+            if cause.startswith("retry"):
+                retry_causes[cause] += 1
+            if cause.startswith("UNEXPLAINED"):
+                problems.append(f"job {jid} claim {lease} by {claim['by_inc']}: {cause}")
+    if sum(causes.values()) != extra_runs:
+        problems.append(f"{extra_runs} extra runs but {sum(causes.values())} claims that ran and did not count")
+    report.check("reruns", not problems,
+                 f"{jobs_run_more} jobs ran more than once, {extra_runs} extra runs, each after: "
+                 + (", ".join(f"{k} {v}" for k, v in causes.most_common()) or "-"), problems)
+
+    # ---- processes ------------------------------------------------------------------------------
+    problems = []
+    for inc in soak.incarnations:
+        if inc.signalled is None:
+            problems.append(f"{inc.name} was never stopped")
+        elif inc.signalled == "TERM" and inc.returncode != 0:
+            problems.append(f"{inc.name}: SIGTERM ended in exit {inc.returncode}")
+        elif inc.signalled == "KILL" and inc.returncode != -signal.SIGKILL:
+            problems.append(f"{inc.name}: SIGKILL ended in exit {inc.returncode}")
+        elif inc.signalled not in ("TERM", "KILL"):
+            problems.append(f"{inc.name}: {inc.signalled}, exit {inc.returncode}")
+    problems += soak.start_failures
+    errors: Counter[str] = Counter()
+    tracebacks = 0
+    for recs in logs.values():
+        for r in recs:
+            if r.get("level") in ("error", "critical"):
+                errors[re.sub(r"\d+", "N", str(r.get("msg", "")))[:90]] += 1
+            if "exc" in r or "Traceback" in str(r.get("raw", "")):
+                tracebacks += 1
+    report.check("processes", not problems,
+                 f"{len(soak.incarnations)} incarnations; "
+                 f"{sum(1 for i in soak.incarnations if i.signalled == 'KILL')} SIGKILLed, "
+                 f"{sum(1 for i in soak.incarnations if i.signalled == 'TERM')} SIGTERMed, all as expected",
+                 problems)
+    if errors:
+        report.notes.append("error log lines: " + "; ".join(f"{v}× {k}" for k, v in errors.most_common(6)))
+    if tracebacks:
+        report.notes.append(f"log lines with a traceback: {tracebacks}")
+
+    # ---- figures ----------------------------------------------------------------------------------
+    ok_latency = [d.latency * 1000 for d in soak.deliveries if d.status == 202]
+    disturbances = [t for t, _ in soak.chaos_log] + [i.signalled_at for i in soak.incarnations if i.signalled_at]
+    calm_latency = [d.latency * 1000 for d in soak.deliveries if d.status == 202
+                    and not in_outage(d.started, d.started + d.latency)
+                    and all(abs(d.started - t) > 3.0 for t in disturbances)]
+    waits = []
+    worst = (0.0, None)
+    for row in audit:
+        if row["op"] == "update" and row["new_lease"] == row["old_lease"] + 1:
+            due = row["old_run_at"] if row["old_status"] == "pending" else row["old_locked_until"]
+            wait = max(0.0, row["at"] - due)
+            waits.append(wait)
+            if wait > worst[0]:
+                worst = (wait, row)
+    worst_row = worst[1]
+    retries = sum(1 for r in audit if r["op"] == "update" and r["old_status"] == "running"
+                  and r["new_status"] == "pending" and r["new_attempts"] == r["old_attempts"])
+    report.figures = {
+        "run_seconds": soak.profile.run_seconds,
+        "rate_per_s": soak.profile.rate,
+        "updates": len(soak.sent_updates),
+        "deliveries": len(soak.deliveries),
+        "deliberate_redeliveries": soak.redeliveries,
+        "answers": dict(statuses.most_common()),
+        "jobs": dict(by_status),
+        "kills": sum(1 for i in soak.incarnations if i.signalled == "KILL"),
+        "terms_chaos": sum(1 for i in soak.incarnations if i.signalled == "TERM" and not i.final),
+        "restarts": len(soak.incarnations) - 2,
+        "pg_restarts": len(pg_windows),
+        "claims": n_claims,
+        "retries": retries,
+        "retries_by_cause": dict(retry_causes.most_common()),
+        "extra_runs_by_cause": dict(causes.most_common()),
+        "sendmessage_calls": len(soak.stub.calls) - len(alert_calls),
+        "stub_answers": dict(Counter(k for c, k in zip(soak.stub.calls, soak.stub.kinds, strict=True)
+                                     if str(c.params.get("chat_id")) != ALERT_CHAT).most_common()),
+        "alerts": len(alert_calls),
+        "lease_lost_log_lines": dict(lease_lost_lines),
+        "intake_p50_ms": round(percentile(ok_latency, 0.50), 1),
+        "intake_p99_ms": round(percentile(ok_latency, 0.99), 1),
+        "intake_max_ms": round(max(ok_latency, default=math.nan), 1),
+        "intake_p99_ms_calm": round(percentile(calm_latency, 0.99), 1),
+        "wait_beyond_run_at_p50_s": round(percentile(waits, 0.50), 3),
+        "wait_beyond_run_at_p99_s": round(percentile(waits, 0.99), 3),
+        "wait_beyond_run_at_max_s": round(worst[0], 3),
+        "wait_max_during_outage": bool(worst_row and in_outage(worst_row["at"] - worst[0], worst_row["at"])),
+        "drain_seconds": round(soak.quiesce.get("drained", 0) - soak.quiesce.get("sender_stopped", 0), 1),
+    }
+    waits_calm = [w for w, r in zip(waits, [r for r in audit if r["op"] == "update"
+                                            and r["new_lease"] == r["old_lease"] + 1], strict=True)
+                  if not in_outage(r["at"] - w, r["at"])]
+    report.figures["wait_beyond_run_at_max_outside_outage_s"] = round(max(waits_calm, default=0.0), 3)
+    report.notes += [f"chaos +{t - soak.t0:.1f}s: {what}" for t, what in soak.chaos_log]
+    return report
+
+
+def why_claim_ended(
+    claim: dict[str, Any],
+    end: dict[str, Any] | None,
+    claims: list[dict[str, Any]],
+    incs: dict[str, Incarnation],
+    in_outage: Callable[..., bool],
+    calls: list[tuple[Any, str]],
+    lost_logged: set[tuple[str, int]],
+) -> str:
+    """Why a claim that did not finish its job ended: the cause of the run after it."""
+    owner = incs.get(claim["by_inc"] or "")
+    if end is not None and end["new_status"] == "pending":
+        if end["new_attempts"] == end["old_attempts"] - 1:  # release_many: put back at shutdown
+            if owner is not None and owner.signalled == "TERM" and owner.signalled_at is not None \
+                    and owner.signalled_at <= end["at"] + 0.1:
+                return "cancelled by SIGTERM"
+            return "UNEXPLAINED: released without a SIGTERM"
+        error = str(end["last_error"] or "")
+        kinds = {k for _, k in calls}
+        if "429" in error or error.startswith("Retry"):
+            return "retry after 429" if kinds == {"429"} else f"UNEXPLAINED: 429 error {error!r} after {kinds}"
+        if re.search(r"\b5\d\d\b", error):
+            return "retry after 502" if kinds == {"502"} else f"UNEXPLAINED: 5xx error {error!r} after {kinds}"
+        if any(word in error.lower() for word in ("timed out", "timeout", "deadline", "tooslow")):
+            if kinds and kinds <= {"hang", "slow"}:
+                return "retry after timeout"
+            return f"UNEXPLAINED: timeout {error!r} after {kinds}"
+        return f"UNEXPLAINED: retry after {error!r} ({kinds})"
+    if end is not None:
+        return f"UNEXPLAINED: ended {end['new_status']}"
+    # no ending of its own: the lease ran out and a later claim took the job
+    later = next((c for c in claims if c["new_lease"] == claim["new_lease"] + 1), None)
+    until = later["at"] if later is not None else time.time()
+    if owner is not None and owner.signalled_at is not None and owner.signalled_at <= until:
+        return "worker killed (SIGKILL)" if owner.signalled == "KILL" else "owner stopped (SIGTERM, not released)"
+    if in_outage(claim["at"], until, slack=LEASE_SECONDS):
+        return "database restart (lease lapsed)"
+    if (claim["by_inc"], claim["job_id"]) in lost_logged:
+        # the process was starved past its lease; the renewer or the completer noticed and logged it
+        return "lease lost by a live process (fenced, logged)"
+    return "UNEXPLAINED: lease lost while its process ran, and it logged nothing"
+
+
+# -- printing -----------------------------------------------------------------------------------
+
+
+def print_report(report: Report) -> None:
+    print("\n=== soak checks ===")
+    for c in report.checks:
+        print(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']:<13} {c['detail']}")
+        for p in c["problems"]:
+            print(f"          - {p}")
+    print("\n=== figures ===")
+    for k, v in report.figures.items():
+        print(f"  {k:<40} {v}")
+    if report.notes:
+        print("\n=== notes ===")
+        for n in report.notes:
+            print(f"  {n}")
+    print(f"\nsoak {'PASSED' if report.ok else 'FAILED'}", flush=True)
+
+
+async def soak_main(args: argparse.Namespace) -> Report:
+    seconds = args.seconds if args.seconds is not None else args.minutes * 60
+    profile = Profile.for_run(seconds, args.rate)
+    folder = Path(tempfile.mkdtemp(prefix="autom-soak-"))
+    keep = args.keep
+    report = Report()
+    try:
+        print(f"soak: {seconds:g}s, seed {args.seed}, logs in {folder}", flush=True)
+        with restartable_pg() as pg:
+            await trio.to_thread.run_sync(install_audit, pg.dsn)
+            mix = dict(MIX)
+            if args.fail_rate is not None:
+                mix["400"] = args.fail_rate
+            stub = FaultyStub(random.Random(args.seed * 7919), mix)
+            async with trio.open_nursery() as stub_nursery:
+                stop_stub: trio.Event = await stub_nursery.start(serve_stub, stub)
+                try:
+                    async with autom_processes(folder) as procs:
+                        soak = Soak(pg, procs, stub, profile, args.seed)
+                        budget = profile.run_seconds + profile.drain_timeout + 120
+                        try:
+                            with trio.fail_after(budget):
+                                await soak.run()
+                        finally:
+                            for inc in soak.incarnations:
+                                with trio.CancelScope(shield=True):
+                                    await inc.client.aclose()
+                finally:
+                    stop_stub.set()
+            tables = await trio.to_thread.run_sync(fetch_tables, pg.dsn)
+        report = analyse(soak, tables)
+        keep = keep or not report.ok
+        return report
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        if keep:
+            print(f"logs kept in {folder}", flush=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="length of the chaos phase (default 5)")
+    parser.add_argument("--seconds", type=float, default=None, help="length in seconds (overrides --minutes)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=None, help="new updates per second (default 10; short: 6)")
+    parser.add_argument("--fail-rate", type=float, default=None,
+                        help=f"weight of 400 answers (default {MIX['400']}); e.g. 0.05 for an alert storm")
+    parser.add_argument("--json", type=Path, default=None, help="write the checks and figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the processes' logs even when all is well")
+    args = parser.parse_args(argv)
+    started = time.time()
+    report = trio.run(soak_main, args)
+    report.figures["wall_seconds"] = round(time.time() - started, 1)
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps({"ok": report.ok, "checks": report.checks, "figures": report.figures,
+                                         "notes": report.notes}, indent=2, default=str))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The short soak (bench/soak.py) run as part of the suite."""
