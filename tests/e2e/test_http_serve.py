@@ -10,6 +10,7 @@ whether the server closed the connection.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -189,3 +190,15 @@ async def test_health_json_is_compact_and_complete(app: RunningApp) -> None:
         status, body = await request(stream, GET_HEALTH)
     assert status == 200
     assert set(json.loads(body)) >= {"status", "database", "uptime_seconds"}
+
+
+def test_hypercorn_config_follows_the_settings() -> None:
+    config = hypercorn_config(app_settings(shutdown_grace_seconds=2, host="::", port=8123))
+    assert config.bind == ["[::]:8123"]
+    assert config.graceful_timeout == 2  # never longer than the service's own grace
+    assert hypercorn_config(app_settings(shutdown_grace_seconds=600)).graceful_timeout <= 600
+    assert 1 <= config.keep_alive_timeout <= 10
+    assert hypercorn_config(app_settings(), ["127.0.0.1:0"]).bind == ["127.0.0.1:0"]
+    # loggers, not "-": hypercorn adds no handler of its own (no duplicate lines)
+    assert config.errorlog is logging.getLogger("hypercorn.error")
+    assert not logging.getLogger("hypercorn.error").handlers

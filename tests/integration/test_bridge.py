@@ -8,6 +8,7 @@ stop and start it without disturbing anyone else's tests.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -341,7 +342,8 @@ def throwaway_server() -> Iterator[ThrowawayServer]:
     try:
         yield ThrowawayServer(server=server, dsn=server.get_uri())
     finally:
-        server.cleanup()
+        server.cleanup()  # stops it and deletes pgdata
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_survives_a_real_server_restart(throwaway_server: ThrowawayServer) -> None:
