@@ -89,14 +89,18 @@ class Completer:
                 backoff = min(backoff * 2, 5.0)
 
     async def _flush(self) -> None:
-        batch = list(self._pending.values())
         async with self._lock:
+            # taken under the lock: the shutdown drain and the flush loop may both be here,
+            # and a batch must not be sent twice (the second would match nothing)
+            batch = list(self._pending.values())
+            if not batch:
+                return
             held = await self._deps.store.complete_many(batch)
-        for job in batch:
-            self._pending.pop(job.id, None)
-            if job.id not in held:
-                log.warning("job finished but its lease was lost; another claim owns it now",
-                            extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempts})
+            for job in batch:
+                self._pending.pop(job.id, None)
+                if job.id not in held:
+                    log.warning("job finished but its lease was lost; another claim owns it now",
+                                extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempts})
         self.flushes += 1
         # a completion frees the recipient: the fetcher may find its next job now
         self._on_flushed.set()
