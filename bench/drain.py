@@ -69,6 +69,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -421,7 +422,7 @@ def run_worker(dsn: str, args: argparse.Namespace, jobs: int, tag: str) -> dict[
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         # the worker crashed: report it as a failed run (verified=false), keep its stderr, and go on
-        saved = f"{args.out or '/tmp/autom-drain'}.{tag}.stderr"
+        saved = f"{args.out or os.path.join(tempfile.gettempdir(), 'autom-drain')}.{tag}.stderr"
         Path(saved).write_text(proc.stderr)
         errors = [m.group(0) for ln in rest.splitlines()
                   if (m := re.match(r"[\w.]+(Error|Exception|Detected|Violation)\b.*", ln.strip(" |+-")))]

@@ -12,11 +12,11 @@
 #
 # Knobs (environment): RUNS [3], N_JOBS [20000], WORKERS [16] (autom WORKERS = the peers'
 #   CONCURRENCY), LAT_N [200], LAT_GAP_MS [50], OTHER_PEERS ["limit procrastinate"],
-#   PEERS_SRC [/work/shared/bench-peers] (copied to PEERS_DIR [/tmp/bench-peers] when
+#   PEERS_SRC [../shared/bench-peers beside the checkout] (copied to PEERS_DIR [/tmp/bench-peers] when
 #   that does not exist; its venv BENCH_VENV [/tmp/bench/venv] is made with its
-#   setup_venv.sh when missing), AUTOM_PY [/work/venv/bin/python, else python3],
+#   setup_venv.sh when missing), AUTOM_PY [.venv/bin/python of the checkout, else python3],
 #   FAIRNESS [1], WAIT_QUIET [0] (wait up to this many seconds for a 1-min load below 1),
-#   OUT [/tmp/autom-worker-bench-<time>], PGHOST/PGPORT/PGUSER [127.0.0.1/5432/postgres].
+#   OUT [$TMPDIR/autom-worker-bench-<time>], PGHOST/PGPORT/PGUSER [127.0.0.1/5432/postgres].
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,12 +26,13 @@ RUNS=${RUNS:-3}
 export N_JOBS=${N_JOBS:-20000} WORKERS=${WORKERS:-16} LAT_N=${LAT_N:-200} LAT_GAP_MS=${LAT_GAP_MS:-50}
 export AUTOM_BENCH_ADMIN_DSN=${AUTOM_BENCH_ADMIN_DSN:-postgresql://$PGUSER@$PGHOST:$PGPORT/postgres}
 OTHER_PEERS=${OTHER_PEERS:-"limit procrastinate"}
-PEERS_SRC=${PEERS_SRC:-/work/shared/bench-peers}
+PEERS_SRC=${PEERS_SRC:-$(cd "$(dirname "$0")/../.." && pwd)/shared/bench-peers}
 PEERS_DIR=${PEERS_DIR:-/tmp/bench-peers}
 if [ -z "${AUTOM_PY:-}" ]; then
-  if [ -x /work/venv/bin/python ]; then AUTOM_PY=/work/venv/bin/python; else AUTOM_PY=python3; fi
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  if [ -x "$repo/.venv/bin/python" ]; then AUTOM_PY="$repo/.venv/bin/python"; else AUTOM_PY=python3; fi
 fi
-OUT=${OUT:-/tmp/autom-worker-bench-$(date +%Y%m%d-%H%M%S)}
+OUT=${OUT:-${TMPDIR:-/tmp}/autom-worker-bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 AUTOM=$OUT/autom.jsonl
 : >"$AUTOM"

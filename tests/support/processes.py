@@ -35,31 +35,16 @@ import httpx
 import trio
 
 from tests.support.proc import AUTOM, clean_env
-from tests.support.service import ADMIN_TOKEN, ALERT_CHAT, SITE_SECRET, TG_SECRET
+from tests.support.service import service_env
 
 _SERVING = re.compile(r"autom serving on (http://[^\s,]+)")
 
 
 def process_env(dsn: str, telegram_url: str, **overrides: str) -> dict[str, str]:
     """The environment of an ``autom run`` under test; ``overrides`` are settings by name."""
-    settings = {
-        "DATABASE_URL": dsn,
-        "TELEGRAM_BOT_TOKEN": "123456:TEST-token",
-        "TELEGRAM_ALERT_CHAT_ID": ALERT_CHAT,
-        "TELEGRAM_WEBHOOK_SECRET": TG_SECRET,
-        "SITE_WEBHOOK_SECRET": SITE_SECRET,
-        "ADMIN_TOKEN": ADMIN_TOKEN,
-        "TELEGRAM_API": telegram_url,
-        "HOST": "127.0.0.1",
-        "PORT": "0",
-        "WORKERS": "4",
-        "RETRY_BASE_SECONDS": "0.2",
-        "RETRY_MAX_SECONDS": "1",
-        "HTTP_TIMEOUT_SECONDS": "10",
-        "SHUTDOWN_GRACE_SECONDS": "10",
-        "LOG_FORMAT": "json",
-        "LOG_LEVEL": "info",
-    }
+    settings = service_env(dsn, telegram_url)
+    settings.update({"HTTP_TIMEOUT_SECONDS": "10", "SHUTDOWN_GRACE_SECONDS": "10", "LOG_FORMAT": "json",
+                     "LOG_LEVEL": "info"})
     settings.update(overrides)
     return clean_env(**settings)
 

@@ -21,9 +21,10 @@ ADMIN_TOKEN = "admin-token"
 ALERT_CHAT = "-1000"
 
 
-def service_settings(dsn: str, telegram_url: str, **overrides: Any) -> Settings:
-    """Settings for a service under test: every required setting, quick timings."""
-    env = {
+def service_env(dsn: str, telegram_url: str) -> dict[str, str]:
+    """The settings of a service under test as environment variables: every required
+    setting, quick timings (in-process services and ``autom run`` processes alike)."""
+    return {
         "DATABASE_URL": dsn,
         "TELEGRAM_BOT_TOKEN": "123456:TEST-token",
         "TELEGRAM_ALERT_CHAT_ID": ALERT_CHAT,
@@ -40,6 +41,11 @@ def service_settings(dsn: str, telegram_url: str, **overrides: Any) -> Settings:
         "SHUTDOWN_GRACE_SECONDS": "5",
         "LOG_FORMAT": "text",
     }
+
+
+def service_settings(dsn: str, telegram_url: str, **overrides: Any) -> Settings:
+    """Settings for a service under test (``service_env``), with attribute overrides."""
+    env = service_env(dsn, telegram_url)
     settings = Settings.from_env(env, env_file=None)
     return settings.replace(**overrides)
 
