@@ -117,8 +117,6 @@ def serve(dsn: str, pool_size: int, log_file: str) -> None:
     logging.getLogger("hypercorn.access").setLevel(logging.WARNING)  # as autom.logs.configure_logging
     logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
 
-    if os.environ.get("BENCH_SWITCH"):
-        sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))
     settings = Settings(telegram_webhook_secret=SECRET, host="127.0.0.1", shutdown_grace_seconds=5)
 
     async def main() -> None:

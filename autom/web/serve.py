@@ -10,9 +10,11 @@ keep-alive connections are closed, and requests in flight get
 ``ShieldFinalSend`` works around a quart-trio 0.12 × hypercorn 0.18 bug
 (research/trio-stack.md §6): hypercorn re-arms a connection's keep-alive idle
 timer from inside the app's final ``send``, and quart-trio cancels the request's
-nursery as soon as the client's next event arrives, which can kill the timer
-mid-re-arm. Without the timer an idle connection never times out, and at
-shutdown it keeps serving new requests until ``graceful_timeout`` cuts it.
+nursery when the stream ends (the ``http.disconnect`` hypercorn sends), which
+lands while that send is still re-arming the timer. Without the timer an idle
+connection never times out, and at shutdown it keeps serving new requests until
+``graceful_timeout`` cuts it. tests/e2e/test_http_serve.py shows both, and
+notices when an upgrade makes the middleware unnecessary.
 """
 
 from __future__ import annotations
