@@ -267,3 +267,16 @@ def id_field(obj: Mapping[str, Any], name: str = "id") -> str | None:
     if isinstance(value, str):
         return key_text(value)
     return None
+
+
+def verify_sha256_header(headers: Headers, body: bytes, secret: bytes, header: str, sender: str) -> None:
+    """The ``<header>: sha256=<hex HMAC-SHA256 of the raw body>`` scheme (site, GitHub).
+
+    Accept iff some ``sha256=<hex>`` entry of ``header`` is the HMAC of ``body`` with ``secret``.
+    """
+    value = required_header(headers, header)
+    digests = prefixed_hex_digests(value, "sha256", header)
+    if not digests:
+        raise VerificationError(f"{header} header has no sha256=<hex> signature")
+    if not any_digest_matches(hmac_sha256(secret, body), digests):
+        raise VerificationError(f"{sender} signature does not match")

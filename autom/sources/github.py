@@ -16,19 +16,15 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl
 
-from autom.errors import VerificationError
 from autom.jobs.models import NewJob
 from autom.sources.base import (
     Headers,
     Parsed,
     ParseError,
-    any_digest_matches,
-    hmac_sha256,
     key_text,
     load_object,
-    prefixed_hex_digests,
-    required_header,
     single_token,
+    verify_sha256_header,
 )
 
 SIGNATURE_HEADER = "x-hub-signature-256"
@@ -51,12 +47,7 @@ class GitHubSource:
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
         """Accept iff some ``sha256=<hex>`` entry of ``X-Hub-Signature-256`` is the HMAC of the raw body."""
-        value = required_header(headers, SIGNATURE_HEADER)
-        digests = prefixed_hex_digests(value, "sha256", SIGNATURE_HEADER)
-        if not digests:
-            raise VerificationError("x-hub-signature-256 header has no sha256=<hex> signature")
-        if not any_digest_matches(hmac_sha256(self._secret, body), digests):
-            raise VerificationError("github signature does not match")
+        verify_sha256_header(headers, body, self._secret, SIGNATURE_HEADER, "github")
 
     def dedup_key(self, headers: Headers, body: bytes) -> str | None:
         """``X-GitHub-Delivery``, or ``None`` when it is missing or unusable."""

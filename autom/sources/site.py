@@ -8,18 +8,14 @@ once, because the id is inside the signed body.
 
 from __future__ import annotations
 
-from autom.errors import VerificationError
 from autom.jobs.models import NewJob
 from autom.sources.base import (
     Headers,
     Parsed,
-    any_digest_matches,
-    hmac_sha256,
     id_field,
     load_object,
     object_or_none,
-    prefixed_hex_digests,
-    required_header,
+    verify_sha256_header,
 )
 
 SIGNATURE_HEADER = "x-signature"
@@ -37,12 +33,7 @@ class SiteSource:
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
         """Accept iff some ``sha256=<hex>`` entry of ``X-Signature`` is the HMAC of the raw body."""
-        value = required_header(headers, SIGNATURE_HEADER)
-        digests = prefixed_hex_digests(value, "sha256", SIGNATURE_HEADER)
-        if not digests:
-            raise VerificationError("x-signature header has no sha256=<hex> signature")
-        if not any_digest_matches(hmac_sha256(self._secret, body), digests):
-            raise VerificationError("site signature does not match")
+        verify_sha256_header(headers, body, self._secret, SIGNATURE_HEADER, "site")
 
     def dedup_key(self, headers: Headers, body: bytes) -> str | None:
         """The body's ``id`` (a string or an integer, as text), or ``None`` without one."""
