@@ -56,11 +56,11 @@ class Operations:
         for an unknown id.
         """
         row = await self.db.fetch_one(Q.ops_retry_job, {"id": job_id})
-        job = await self.get_job(job_id)
         if row is None:
+            job = await self.get_job(job_id)
             raise Conflict(f"job {job_id} is {job['status']}: only a failed or pending job can be retried "
                            "(replay its event to run it again)")
-        return job
+        return job_json(row)
 
     async def get_event(self, event_id: int) -> dict:
         """One stored event with the ids of its jobs; ``NotFound`` if there is none."""

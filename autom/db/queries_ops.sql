@@ -26,12 +26,14 @@ from jobs where id = %(id)s;
 
 -- name: ops_retry_job
 -- A failed (or pending) job back in the queue now with its attempts reset; a
--- running or done job is left alone (the caller answers 409 / exit 1).
+-- running or done job is left alone (the caller answers 409 / exit 1). Returns the row
+-- as this update left it: a worker may claim the job the moment it commits.
 with r as (
     update jobs set status = 'pending', attempts = 0, run_at = now(), finished_at = null,
                     locked_until = null, updated_at = now()
      where id = %(id)s and status in ('failed', 'pending')
-    returning id, recipient, run_at
+    returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
+              recipient, payload, created_at, updated_at, finished_at
 ),
 rcpt as (
     insert into recipients as rc (recipient, next_due_at)
@@ -40,7 +42,7 @@ rcpt as (
         set next_due_at = least(rc.next_due_at, excluded.next_due_at), ver = rc.ver + 1
 ),
 wake as (select pg_notify('autom_jobs', '') from r)
-select id from r, (select count(*) from wake) w;
+select r.* from r, (select count(*) from wake) w;
 
 -- name: ops_get_event
 select e.id, e.source, e.received_at, e.dedup_key, e.headers, e.body,
