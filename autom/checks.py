@@ -97,7 +97,10 @@ def retry_after_seconds(response: httpx.Response, *, body: object = None, now: d
             value = parameters.get("retry_after")
             # bool is an int subclass; `true` is not a number of seconds
             if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
-                return max(0.0, float(value))
+                try:
+                    return max(0.0, float(value))
+                except OverflowError:  # an int too big for a float: "very long" (RetryPolicy caps it)
+                    return float("inf") if value > 0 else 0.0
     return DEFAULT_RETRY_AFTER
 
 
@@ -128,13 +131,14 @@ def classify_exception(exc: Exception, what: str) -> JobError:
     return TransientError(f"{what}: {name}{suffix}")
 
 
+_DELAY_SECONDS = re.compile(r"\d+(?:\.\d+)?")  # RFC 9110: 1*DIGIT (a fraction tolerated)
+
+
 def _parse_retry_after(value: str, now: datetime) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return max(0.0, seconds) if seconds == seconds else None
+    # delay-seconds or an HTTP-date; anything else ("-5", "inf", "1_000", "soon") is
+    # malformed: None, and the caller falls back. Huge values are capped by RetryPolicy.
+    if _DELAY_SECONDS.fullmatch(value):
+        return float(value)  # 400 digits give inf, never an error
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

@@ -10,13 +10,23 @@ from autom.errors import PermanentError, Retry
 
 JITTER = 0.2
 
+#: The longest a 429's ``Retry-After`` (or Telegram's ``retry_after``) may push a job back,
+#: unless RETRY_MAX_SECONDS is longer: a sender asking for days (``Retry-After: 999999``)
+#: gets an hour, so a job cannot sit invisibly for a week on one bad header.
+RETRY_AFTER_CEILING = 3600.0
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``base·2^(attempt-1)`` seconds, capped at ``cap``, ±20 % jitter (the result never exceeds ``cap``)."""
+    """``base·2^(attempt-1)`` seconds, capped at ``cap``, ±20 % jitter (the result never exceeds ``cap``).
+
+    A ``Retry(after=s)`` waits at least ``s``, but never longer than ``after_ceiling``
+    (``RETRY_AFTER_CEILING``, or ``cap`` if that is longer).
+    """
 
     base: float = 10.0
     cap: float = 3600.0
+    after_ceiling: float = RETRY_AFTER_CEILING
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1 = the first run)."""
@@ -26,10 +36,15 @@ class RetryPolicy:
         return min(self.cap, jittered)
 
     def delay_for(self, error: BaseException, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """The delay after ``error``: a ``Retry(after=s)`` (HTTP 429) waits at least ``s`` seconds."""
+        """The delay after ``error``: a ``Retry(after=s)`` (HTTP 429) waits at least ``s`` seconds.
+
+        ``s`` is capped at ``max(cap, after_ceiling)``; a value that is no number of
+        seconds (NaN) counts as 0, infinity as the ceiling.
+        """
         delay = self.delay(attempt, rand)
         if isinstance(error, Retry):
-            delay = max(delay, error.after)
+            after = error.after if error.after == error.after else 0.0  # NaN: no floor
+            delay = max(delay, min(max(after, 0.0), max(self.cap, self.after_ceiling)))
         return delay
 
 

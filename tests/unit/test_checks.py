@@ -54,6 +54,44 @@ def test_429_retry_after_http_date() -> None:
     assert retry_after_seconds(r, now=now) == 0
 
 
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("999999", 999999.0),  # legal, and huge: RetryPolicy caps it (tests/unit/test_retry.py)
+        ("9" * 400, float("inf")),  # more digits than a float holds: "very long", not an error
+        ("0", 0.0),
+        ("2.5", 2.5),  # not RFC 9110 (1*DIGIT) but unambiguous
+        ("-5", 1.0),  # malformed: the default, not "now" or a negative wait
+        ("inf", 1.0),
+        ("NaN", 1.0),
+        ("1_000", 1.0),  # Python's float() would take it; HTTP does not
+        ("", 1.0),
+    ],
+)
+def test_malformed_or_huge_retry_after_header(header: str, expected: float) -> None:
+    assert retry_after_seconds(response(429, None, {"Retry-After": header})) == expected
+
+
+def test_malformed_header_falls_back_to_telegrams_retry_after() -> None:
+    assert retry_after_seconds(response(429, {"parameters": {"retry_after": 4}}, {"Retry-After": "-1"})) == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(10**400, float("inf")), (-(10**400), 0.0), (-3, 0.0), (1e308, 1e308)]
+)
+def test_huge_or_negative_json_retry_after(value: int | float, expected: float) -> None:
+    with pytest.raises(Retry) as info:
+        check(response(429, {"ok": False, "parameters": {"retry_after": value}}), "x")
+    assert info.value.after == expected
+
+
+def test_http_date_forms_of_rfc_9110() -> None:
+    now = datetime(1994, 11, 6, 8, 49, 0, tzinfo=UTC)
+    for header in ("Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"):
+        seconds = retry_after_seconds(response(429, None, {"Retry-After": header}), now=now)
+        assert seconds == 37, header
+
+
 def test_429_http_date_through_check_is_roughly_right() -> None:
     when = datetime.now(UTC).timestamp() + 120
     header = datetime.fromtimestamp(when, UTC).strftime("%a, %d %b %Y %H:%M:%S GMT")

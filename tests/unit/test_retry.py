@@ -7,7 +7,7 @@ import random
 import pytest
 
 from autom.errors import PermanentError, Retry, TransientError
-from autom.jobs.retry import RetryPolicy, describe, is_final
+from autom.jobs.retry import RETRY_AFTER_CEILING, RetryPolicy, describe, is_final
 
 
 def test_delay_doubles_per_attempt_without_jitter():
@@ -42,6 +42,31 @@ def test_retry_after_sets_a_floor():
     policy = RetryPolicy(base=1, cap=10)
     assert policy.delay_for(Retry("429", after=42), 1, rand=lambda: 0.5) == 42
     assert policy.delay_for(Retry("429", after=0.1), 3, rand=lambda: 0.5) == 4
+
+
+@pytest.mark.parametrize("after", [999_999, 10**9, float("inf"), 1e308])
+def test_retry_after_is_capped_at_the_ceiling(after):
+    # Retry-After: 999999 must not push a job 11 days away: an hour at most by default
+    policy = RetryPolicy(base=1, cap=10)
+    assert policy.delay_for(Retry("429", after=after), 1, rand=lambda: 0.5) == RETRY_AFTER_CEILING == 3600
+
+
+def test_retry_after_ceiling_follows_a_longer_cap_and_can_be_set():
+    assert RetryPolicy(base=1, cap=7200).delay_for(Retry("429", after=10**6), 1, rand=lambda: 0.5) == 7200
+    short = RetryPolicy(base=1, cap=10, after_ceiling=60)
+    assert short.delay_for(Retry("429", after=999_999), 1, rand=lambda: 0.5) == 60
+    # within the ceiling the floor still holds
+    assert short.delay_for(Retry("429", after=59), 1, rand=lambda: 0.5) == 59
+
+
+def test_retry_after_that_is_no_number_of_seconds_is_no_floor():
+    policy = RetryPolicy(base=1, cap=10)
+    nan = Retry("429", after=0)
+    nan.after = float("nan")  # Retry clamps what it is given; a caller could still set it
+    assert policy.delay_for(nan, 2, rand=lambda: 0.5) == 2
+    negative = Retry("429", after=0)
+    negative.after = -50.0
+    assert policy.delay_for(negative, 2, rand=lambda: 0.5) == 2
 
 
 def test_final_when_permanent_or_out_of_attempts():
