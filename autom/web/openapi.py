@@ -60,6 +60,29 @@ def _id_parameter(name: str, what: str) -> dict[str, Any]:
     }
 
 
+def _admin_operation(
+    operation_id: str, summary: str, responses: dict[str, Any], *,
+    description: str | None = None, parameters: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An /admin operation: bearer token, and the 401 and 503 every admin route can answer."""
+    operation: dict[str, Any] = {"operationId": operation_id, "tags": ["admin"], "summary": summary}
+    if description:
+        operation["description"] = description
+    operation["security"] = _SECURITY
+    if parameters:
+        operation["parameters"] = parameters
+    every = {"401": _UNAUTHORIZED, "503": _UNAVAILABLE}
+    operation["responses"] = dict(sorted({**responses, **every}.items()))
+    return operation
+
+
+def _admin_by_id(operation_id: str, summary: str, what: str, responses: dict[str, Any]) -> dict[str, Any]:
+    """An /admin operation on one job or event named by its id in the path."""
+    by_id = {"400": _BAD_ID, "404": _error(f"No {what} has this id.")}
+    return _admin_operation(operation_id, summary, {**responses, **by_id},
+                            parameters=[_id_parameter(f"{what}_id", what)])
+
+
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "type": [schema["type"], "null"]}
 
@@ -270,106 +293,55 @@ _PATHS: dict[str, Any] = {
         },
     },
     "/admin/jobs": {
-        "get": {
-            "operationId": "listJobs",
-            "tags": ["admin"],
-            "summary": "The newest jobs, optionally of one status and/or kind",
-            "description": "Unknown query parameters are ignored; an empty value counts as not given.",
-            "security": _SECURITY,
-            "parameters": [
+        "get": _admin_operation(
+            "listJobs", "The newest jobs, optionally of one status and/or kind",
+            {
+                "200": _json("The jobs, newest first.", _ref("JobList")),
+                "400": _error(f"A status that is not one of {', '.join(JOB_STATUSES)}, or a limit outside "
+                              f"1..{MAX_LIMIT}."),
+            },
+            description="Unknown query parameters are ignored; an empty value counts as not given.",
+            parameters=[
                 {"name": "status", "in": "query", "required": False,
                  "schema": {"type": "string", "enum": ["", *JOB_STATUSES]}},
                 {"name": "kind", "in": "query", "required": False, "schema": {"type": "string"}},
                 {"name": "limit", "in": "query", "required": False,
                  "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}},
             ],
-            "responses": {
-                "200": _json("The jobs, newest first.", _ref("JobList")),
-                "400": _error(f"A status that is not one of {', '.join(JOB_STATUSES)}, or a limit outside "
-                              f"1..{MAX_LIMIT}."),
-                "401": _UNAUTHORIZED,
-                "503": _UNAVAILABLE,
-            },
-        },
+        ),
     },
     "/admin/jobs/{job_id}": {
-        "get": {
-            "operationId": "getJob",
-            "tags": ["admin"],
-            "summary": "One job",
-            "security": _SECURITY,
-            "parameters": [_id_parameter("job_id", "job")],
-            "responses": {
-                "200": _json("The job.", _ref("Job")),
-                "400": _BAD_ID,
-                "401": _UNAUTHORIZED,
-                "404": _error("No job has this id."),
-                "503": _UNAVAILABLE,
-            },
-        },
+        "get": _admin_by_id("getJob", "One job", "job", {"200": _json("The job.", _ref("Job"))}),
     },
     "/admin/jobs/{job_id}/retry": {
-        "post": {
-            "operationId": "retryJob",
-            "tags": ["admin"],
-            "summary": "Put a failed (or pending) job back in the queue now, attempts reset",
-            "security": _SECURITY,
-            "parameters": [_id_parameter("job_id", "job")],
-            "responses": {
-                "200": _json("The job, now pending.", _ref("Job")),
-                "400": _BAD_ID,
-                "401": _UNAUTHORIZED,
-                "404": _error("No job has this id."),
+        "post": _admin_by_id(
+            "retryJob", "Put a failed (or pending) job back in the queue now, attempts reset", "job",
+            {
+                "200": _json("The job as the retry left it: pending, attempts 0.", _ref("Job")),
                 "409": _error("The job is running or done (replay its event instead)."),
-                "503": _UNAVAILABLE,
             },
-        },
+        ),
     },
     "/admin/events/{event_id}": {
-        "get": {
-            "operationId": "getEvent",
-            "tags": ["admin"],
-            "summary": "One stored event and the ids of its jobs",
-            "security": _SECURITY,
-            "parameters": [_id_parameter("event_id", "event")],
-            "responses": {
-                "200": _json("The event.", _ref("Event")),
-                "400": _BAD_ID,
-                "401": _UNAUTHORIZED,
-                "404": _error("No event has this id."),
-                "503": _UNAVAILABLE,
-            },
-        },
+        "get": _admin_by_id(
+            "getEvent", "One stored event and the ids of its jobs", "event",
+            {"200": _json("The event.", _ref("Event"))},
+        ),
     },
     "/admin/events/{event_id}/replay": {
-        "post": {
-            "operationId": "replayEvent",
-            "tags": ["admin"],
-            "summary": "Parse a stored event again and create its jobs",
-            "security": _SECURITY,
-            "parameters": [_id_parameter("event_id", "event")],
-            "responses": {
+        "post": _admin_by_id(
+            "replayEvent", "Parse a stored event again and create its jobs", "event",
+            {
                 "202": _json("The jobs created (none when all their keys exist already).", _ref("Replayed")),
-                "400": _BAD_ID,
-                "401": _UNAUTHORIZED,
-                "404": _error("No event has this id."),
                 "409": _error("The event's source is not enabled, or its body does not parse."),
-                "503": _UNAVAILABLE,
             },
-        },
+        ),
     },
     "/admin/stats": {
-        "get": {
-            "operationId": "stats",
-            "tags": ["admin"],
-            "summary": "Jobs by status and kind, queue lag, failures in the last hour",
-            "security": _SECURITY,
-            "responses": {
-                "200": _json("The numbers.", _ref("Stats")),
-                "401": _UNAUTHORIZED,
-                "503": _UNAVAILABLE,
-            },
-        },
+        "get": _admin_operation(
+            "stats", "Jobs by status and kind, queue lag, failures in the last hour",
+            {"200": _json("The numbers.", _ref("Stats"))},
+        ),
     },
 }
 
