@@ -15,23 +15,43 @@ lands while that send is still re-arming the timer. Without the timer an idle
 connection never times out, and at shutdown it keeps serving new requests until
 ``graceful_timeout`` cuts it. tests/e2e/test_http_serve.py shows both, and
 notices when an upgrade makes the middleware unnecessary.
+
+``DrainRequestBody`` keeps keep-alive connections alive after an answer given
+before the request body was read (a 404 for an unknown source, a 401, Quart's
+404/405): hypercorn recycles a connection only if h11 has parsed the whole
+request body when the response ends, and closes it otherwise, so a client that
+reuses it sees a reset (1 in 3 requests with 300 KB bodies). The middleware reads
+the rest of the body, at most MAX_BODY_BYTES in all, before the last response
+message; a larger body is not read: the answer says ``Connection: close`` when
+that is known in time, and hypercorn closes the connection.
+tests/e2e/test_http_keepalive_unread_body.py makes the race happen.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from functools import partial
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
-from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+from hypercorn.typing import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
 
 from autom.config import Settings
 from autom.deps import Deps
 
 #: Idle keep-alive connections are closed after this many seconds.
 KEEP_ALIVE_TIMEOUT = 5.0
+#: Longest the rest of an unread request body may take to arrive once the answer is ready.
+DRAIN_TIMEOUT = 5.0
 #: Longest requests in flight get at shutdown (capped by SHUTDOWN_GRACE_SECONDS).
 #: Intake requests take milliseconds; this is for a database that is slow right then.
 GRACEFUL_TIMEOUT = 10.0
@@ -64,6 +84,101 @@ class ShieldFinalSend:
                 await send(message)
 
         await self.app(scope, receive, shielded_send)
+
+
+class DrainRequestBody:
+    """ASGI middleware: read the unread rest of a request body (bounded) before the response ends.
+
+    ``receive`` is watched to know how much of the body the app (Quart's own reader
+    task) has taken. At the last ``http.response.body`` the rest is read here,
+    while at most ``max_body_bytes`` have come in all and for at most ``timeout``
+    seconds; then the message goes on and hypercorn can recycle the connection.
+    A body known to be larger (its Content-Length, or what came in already) is
+    not read: the response gets ``Connection: close``.
+    """
+
+    def __init__(self, app: ASGIFramework, max_body_bytes: int, timeout: float = DRAIN_TIMEOUT) -> None:
+        """Wrap ``app``; ``max_body_bytes`` bounds what is ever read."""
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.timeout = timeout
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        """Pass the call through with a watched ``receive`` and a draining ``send``."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = _RequestBody(receive, self.max_body_bytes, _content_length(scope["headers"]))
+
+        async def draining_send(message: ASGISendEvent) -> None:
+            if body.complete:
+                pass  # the common case: the app read the whole body
+            elif message["type"] == "http.response.start" and body.too_large():
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            elif (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and not body.too_large()
+            ):
+                with trio.move_on_after(self.timeout):
+                    await body.drain()
+            await send(message)
+
+        await self.app(scope, body.receive, draining_send)
+
+
+class _RequestBody:
+    """What has come of one request's body, through the ``receive`` the app is given."""
+
+    __slots__ = ("_reader", "_receive", "complete", "declared", "limit", "received")
+
+    def __init__(self, receive: ASGIReceiveCallable, limit: int, declared: int | None) -> None:
+        self._receive = receive
+        self._reader: trio.CancelScope | None = None  # drain()'s pending receive
+        self.limit = limit
+        self.declared = declared
+        self.received = 0
+        self.complete = False  # the last body message (or a disconnect) came
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self._completed()
+        elif message["type"] == "http.disconnect":
+            self._completed()
+        return message
+
+    def too_large(self) -> bool:
+        return self.received > self.limit or (self.declared is not None and self.declared > self.limit)
+
+    async def drain(self) -> None:
+        """Read until the body is complete, or more than ``limit`` bytes have come in all.
+
+        The app's reader task (Quart's) may be waiting in ``receive`` too: whichever
+        of the two gets the last message, the other's wait is over (a cancelled
+        channel receive loses no message).
+        """
+        while not self.complete and self.received <= self.limit:
+            with trio.CancelScope() as self._reader:
+                await self.receive()
+            self._reader = None
+
+    def _completed(self) -> None:
+        self.complete = True
+        if self._reader is not None:
+            self._reader.cancel()
+
+
+def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def hypercorn_config(
@@ -102,7 +217,7 @@ async def serve_http(
     """
     config = hypercorn_config(deps.settings, binds, keep_alive_timeout=keep_alive_timeout)
     await serve(
-        ShieldFinalSend(app),
+        DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes),
         config,
         shutdown_trigger=partial(deps.shutdown.wait_value, True),
         task_status=task_status,
