@@ -89,11 +89,10 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
     """Open the database (one connection) and run ``fn(ops)``."""
     from autom.db.bridge import open_database
     from autom.ops import Operations
-    from autom.sources import enabled_sources
 
     assert settings.database_url
     async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
-        return await fn(Operations(db, enabled_sources(settings)))
+        return await fn(Operations(db))  # replays need no source secret (Operations)
 
 
 def cmd_failed(args: argparse.Namespace) -> int:

@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from autom.checks import one_line
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound
 from autom.jobs.store import JobStore
+from autom.sources import replay_sources
 from autom.sources.base import ParseError, Source
 
 JOB_STATUSES = ("pending", "running", "done", "failed")
@@ -26,11 +28,15 @@ def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Operations:
-    """Reads and fixes over one database; replays parse with the enabled sources."""
+    """Reads and fixes over one database.
 
-    def __init__(self, db: Database, sources: Mapping[str, Source]) -> None:
+    Replays parse with every known source (``replay_sources``), enabled or not: a
+    stored event was verified when it arrived, and parsing it needs no secret.
+    """
+
+    def __init__(self, db: Database, sources: Mapping[str, Source] | None = None) -> None:
         self.db = db
-        self.sources = sources
+        self.sources = replay_sources() if sources is None else sources
         self.store = JobStore(db)
 
     async def list_jobs(self, *, status: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict]:
@@ -73,13 +79,16 @@ class Operations:
         """Parse a stored event again and create its jobs; returns the ids created.
 
         Jobs whose key exists already are skipped (a replay never duplicates keyed
-        work). ``Conflict`` when the event's source is not enabled now or its body
-        still does not parse.
+        work). ``Conflict`` when the event's source is not one autom knows (a row
+        written by something else, or by a newer version) or its body still does
+        not parse.
         """
         event = await self.get_event(event_id)
         source = self.sources.get(event["source"])
         if source is None:
-            raise Conflict(f"event {event_id} came from source {event['source']!r}, which is not enabled")
+            known = ", ".join(sorted(self.sources))
+            raise Conflict(f"event {event_id} came from source {one_line(str(event['source']), 80)!r}, "
+                           f"which autom does not know (known: {known})")
         try:
             parsed = source.parse(event["headers"] or {}, event["body"])
         except ParseError as exc:

@@ -3,9 +3,14 @@
 Each source (CONTRACT.md, Sources) verifies a delivery as its sender documents
 it, names the redelivery key, and turns a verified body into jobs. A source is
 enabled when its secret is set; ``enabled_sources`` builds the enabled ones.
+``replay_sources`` builds every known one without a secret, to parse stored
+events again (``autom replay``).
 """
 
 from __future__ import annotations
+
+import base64
+import secrets
 
 from autom.config import Settings
 from autom.sources.base import Headers, Parsed, ParseError, Source
@@ -26,6 +31,7 @@ __all__ = [
     "StripeSource",
     "TelegramSource",
     "enabled_sources",
+    "replay_sources",
 ]
 
 
@@ -46,4 +52,25 @@ def enabled_sources(settings: Settings) -> dict[str, Source]:
         sources.append(StripeSource(settings.stripe_webhook_secret))
     if settings.standard_webhook_secret:
         sources.append(StandardSource(settings.standard_webhook_secret))
+    return {source.name: source for source in sources}
+
+
+def replay_sources() -> dict[str, Source]:
+    """Every known source by name, for parsing stored events again: no secret needed.
+
+    ``parse`` and ``dedup_key`` never read the secret (``Source``), so these are built
+    with a random throwaway one each: they parse like the enabled ones, and their
+    ``verify`` accepts nothing anyone could have signed. Never used for intake.
+    """
+    def throwaway() -> str:
+        return secrets.token_hex(32)
+
+    standard = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+    sources: list[Source] = [
+        TelegramSource(throwaway()),
+        SiteSource(throwaway()),
+        GitHubSource(throwaway()),
+        StripeSource(throwaway()),
+        StandardSource(standard),
+    ]
     return {source.name: source for source in sources}

@@ -77,9 +77,9 @@ class Admin:
     """The admin routes bound to one ``Deps``; each is a thin layer over ``Operations``."""
 
     def __init__(self, deps: Deps) -> None:
-        """Bind the routes to ``deps`` (settings for the token, database, sources, doorbell)."""
+        """Bind the routes to ``deps`` (settings for the token, database, doorbell)."""
         self._deps = deps
-        self._ops = Operations(deps.db, deps.sources)
+        self._ops = Operations(deps.db)
         token = deps.settings.admin_token
         # Digests, so that compare_digest also runs in time independent of the token's length.
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest() if token else None

@@ -104,6 +104,36 @@ async def test_replay_of_a_body_that_still_does_not_parse_is_refused(dsn, db, tm
     assert result.returncode == 1 and "does not parse" in result.stderr
 
 
+async def test_replay_needs_no_source_secret_in_the_shell(dsn, db, tmp_path):
+    # an operator's shell has DATABASE_URL, not the webhook secrets: parsing a stored
+    # (already verified) event needs none of them, for any known source
+    env = clean_env(DATABASE_URL=dsn)
+    telegram = json.dumps({"update_id": 78, "message": {"message_id": 1, "text": "/ping", "chat": {"id": 6}}})
+    stripe = json.dumps({"id": "evt_1", "type": "invoice.paid", "data": {"object": {}}})
+    ids = {}
+    for source, body in (("telegram", telegram), ("stripe", stripe)):
+        ids[source] = await db.fetch_val(
+            "insert into events (source, headers, body) values (%s, '{}', %s) returning id", [source, body])
+    for source, event_id in ids.items():
+        result = await autom("replay", str(event_id), env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"event {event_id} ({source}): created job(s)" in result.stdout
+    kinds = await db.fetch_all("select kind, event_id from jobs order by id")
+    assert [(r["kind"], r["event_id"]) for r in kinds] == [("telegram.message", ids["telegram"]),
+                                                           ("stripe.event", ids["stripe"])]
+
+
+async def test_replay_refuses_an_event_of_an_unknown_source(dsn, db, tmp_path):
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body) values ('gitlab', '{}', '{}') returning id")
+    result = await autom("replay", str(event_id), env=clean_env(DATABASE_URL=dsn), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith(f"autom: event {event_id} came from source 'gitlab', "
+                                            "which autom does not know (known: github, site, standard")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert await db.fetch_val("select count(*) from jobs") == 0
+
+
 async def test_set_webhook_registers_url_and_secret(telegram_stub, tmp_path):
     env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_WEBHOOK_SECRET=TG_SECRET, TELEGRAM_API=telegram_stub.url)
     result = await autom("telegram", "set-webhook", "https://hooks.example.com", env=env, cwd=tmp_path)

@@ -385,18 +385,18 @@ async def test_replay_recreates_missing_jobs_which_run_and_a_second_replay_creat
         assert len(telegram_stub.calls_of("sendMessage", chat_id=11)) == 2
 
 
-async def test_replay_of_an_unparsable_or_disabled_event_is_409(app: RunningApp, db: Any) -> None:
+async def test_replay_of_an_unparsable_or_unknown_source_event_is_409(app: RunningApp, db: Any) -> None:
     unparsable = (await post_update(app.client, b'{"no": "update id"}')).json()
     response = await app.client.post(f"/admin/events/{unparsable['id']}/replay", headers=AUTH)
     assert response.status_code == 409
     assert "does not parse" in response.json()["error"]
 
-    disabled = await db.fetch_val(
+    unknown = await db.fetch_val(
         "insert into events (source, body, headers) values ('retired', '{}', '{}') returning id"
     )
-    response = await app.client.post(f"/admin/events/{disabled}/replay", headers=AUTH)
+    response = await app.client.post(f"/admin/events/{unknown}/replay", headers=AUTH)
     assert response.status_code == 409
-    assert "not enabled" in response.json()["error"]
+    assert "source 'retired', which autom does not know" in response.json()["error"]
     assert await db.fetch_val("select count(*) from jobs") == 0
 
 

@@ -30,6 +30,7 @@ from autom.sources import (
     StripeSource,
     TelegramSource,
     enabled_sources,
+    replay_sources,
 )
 from autom.sources.base import MAX_KEY_CHARS, load_object
 from autom.sources.standard import decode_secret
@@ -742,3 +743,30 @@ class TestEnabledSources:
     def test_from_env(self) -> None:
         settings = Settings.from_env({"GITHUB_WEBHOOK_SECRET": "g"}, env_file=None)
         assert list(enabled_sources(settings)) == ["github"]
+
+
+# --- replay_sources: every known source, parse-only ------------------------------------
+
+
+def test_replay_sources_are_every_known_source_and_parse_like_the_enabled_ones():
+    everything = Settings.from_env({
+        "TELEGRAM_WEBHOOK_SECRET": "t", "SITE_WEBHOOK_SECRET": "s", "GITHUB_WEBHOOK_SECRET": "g",
+        "STRIPE_WEBHOOK_SECRET": "whsec_x", "STANDARD_WEBHOOK_SECRET": "whsec_" + base64.b64encode(b"k" * 24).decode(),
+    }, env_file=None)
+    enabled = enabled_sources(everything)
+    replay = replay_sources()
+    assert list(replay) == list(enabled)  # no source is left out of replays
+    body = json.dumps({"update_id": 5, "message": {"message_id": 1, "text": "/ping", "chat": {"id": 9}}})
+    assert replay["telegram"].parse({}, body) == enabled["telegram"].parse({}, body)
+    assert replay["stripe"].parse({}, STRIPE_BODY.decode()) == enabled["stripe"].parse({}, STRIPE_BODY.decode())
+
+
+def test_replay_sources_verify_nothing_and_differ_each_time():
+    # their secrets are random: a replay source must never be a way in
+    body = STRIPE_BODY
+    with pytest.raises(VerificationError):
+        replay_sources()["stripe"].verify(stripe_header(body), body, NOW)
+    with pytest.raises(VerificationError):
+        replay_sources()["telegram"].verify({"x-telegram-bot-api-secret-token": ""}, b"{}", NOW)
+    first, second = replay_sources()["site"], replay_sources()["site"]
+    assert first._secret != second._secret  # type: ignore[attr-defined]
