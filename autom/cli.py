@@ -86,13 +86,22 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
-    """Open the database (one connection) and run ``fn(ops)``."""
+    """Open the database (one connection) and run ``fn(ops)``.
+
+    A query the database refuses to finish (a lock or statement timeout, ...) is one
+    line and exit 1 (``AutomError``), not a traceback with SQL in it.
+    """
+    import psycopg
+
     from autom.db.bridge import open_database
-    from autom.ops import Operations
+    from autom.ops import Operations, query_error_message
 
     assert settings.database_url
-    async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
-        return await fn(Operations(db))  # replays need no source secret (Operations)
+    try:
+        async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
+            return await fn(Operations(db))  # replays need no source secret (Operations)
+    except psycopg.Error as exc:
+        raise AutomError(query_error_message(exc)) from None
 
 
 def cmd_failed(args: argparse.Namespace) -> int:

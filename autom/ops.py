@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from autom.checks import one_line
 from autom.db.bridge import Database
 from autom.db.queries import Q
@@ -20,6 +22,34 @@ from autom.sources import replay_sources
 from autom.sources.base import ParseError, Source
 
 JOB_STATUSES = ("pending", "running", "done", "failed")
+
+#: What an operator is told about a query error, by SQLSTATE (code, then class prefix):
+#: the kind of trouble only, never the SQL text or the data in the server's message.
+_QUERY_ERRORS = {
+    "55P03": "a row or table it needs is locked by another transaction (lock timeout)",
+    "57014": "the query was cancelled (statement timeout)",
+    "40001": "it conflicted with another transaction",
+    "40P01": "it conflicted with another transaction (deadlock)",
+    "53": "the database is out of resources",
+    "57P": "the database is shutting down or restarting",
+}
+#: classes worth trying again in a moment (the rest need someone to look at the database)
+_TRANSIENT_STATES = ("55P03", "57014", "40", "53", "57P")
+
+
+def query_error_message(exc: psycopg.Error) -> str:
+    """One line for an operator about a failed query (the admin API's 503, the CLI's exit 1).
+
+    Lock and statement timeouts, conflicts and a restarting server say "try again";
+    anything else names its SQLSTATE. Never the SQL or the server's message, which
+    can quote row data.
+    """
+    state = exc.sqlstate or ""
+    reason = _QUERY_ERRORS.get(state) or _QUERY_ERRORS.get(state[:3]) or _QUERY_ERRORS.get(state[:2])
+    if reason is None:
+        return f"database error: the query failed (SQLSTATE {state or 'unknown'})"
+    again = "; try again in a moment" if state.startswith(_TRANSIENT_STATES) else ""
+    return f"database busy: {reason}{again}"
 
 
 def job_json(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,12 +16,14 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
 * ``GET  /admin/events/{id}``                  200 the event with its ``job_ids``; 404.
 * ``POST /admin/events/{id}/replay``           202 ``{"jobs": [ids created]}``; 409 source
-  disabled or body unparsable; 404.
+  unknown or body unparsable; 404.
 * ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour.
 
 A path id must be a positive integer that fits PostgreSQL's ``bigint`` (ASCII
 digits only: ``int()`` would also take "١٢", " 7" or "1_0"); anything else is
-400, never a database error. The database being down is 503. A retry or replay
+400, never a database error. The database being down is 503, and so is a query
+the database refused to finish (a lock or statement timeout, a conflict): one line
+saying which, never SQL. A retry or replay
 that queued work rings ``deps.doorbell`` so this process's workers claim it at
 once (the queries' NOTIFY wakes the other replicas).
 """
@@ -35,12 +37,13 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 from quart import Blueprint, Response, request
 
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable
 from autom.errors import NotFound as RowNotFound
-from autom.ops import JOB_STATUSES, Operations
+from autom.ops import JOB_STATUSES, Operations, query_error_message
 from autom.web.responses import error_response, json_response
 
 log = logging.getLogger("autom.admin")
@@ -137,7 +140,7 @@ class Admin:
         return await self._with_id(event_id, "event", 200, self._ops.get_event)
 
     async def replay_event(self, event_id: str) -> Response:
-        """``POST /admin/events/{id}/replay``: 202 ``{"jobs": [ids]}``; 409 cannot parse/disabled; 404."""
+        """``POST /admin/events/{id}/replay``: 202 ``{"jobs": [ids]}``; 409 cannot parse/unknown source; 404."""
 
         async def replay(ident: int) -> dict[str, Any]:
             created = await self._ops.replay_event(ident)
@@ -176,6 +179,9 @@ class Admin:
             metrics.db_up.set(0)
             log.warning("admin request failed: database unavailable: %s", exc)
             return error_response(503, "database unavailable")
+        except psycopg.Error as exc:  # the database answered, with an error: lock/statement timeout, ...
+            log.warning("admin request failed: SQLSTATE %s %s", exc.sqlstate, type(exc).__name__)
+            return error_response(503, query_error_message(exc), {"Retry-After": "1"})
         metrics.db_up.set(1)
         return json_response(status, result if wrap is None else {wrap: result})
 

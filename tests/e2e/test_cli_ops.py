@@ -8,6 +8,7 @@ import trio
 
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
+from tests.support.pg import with_lock_timeout
 from tests.support.proc import clean_env, run_autom
 from tests.support.service import SITE_SECRET, TG_SECRET
 
@@ -132,6 +133,30 @@ async def test_replay_refuses_an_event_of_an_unknown_source(dsn, db, tmp_path):
                                             "which autom does not know (known: github, site, standard")
     assert len(result.stderr.strip().splitlines()) == 1
     assert await db.fetch_val("select count(*) from jobs") == 0
+
+
+async def test_a_lock_held_elsewhere_is_one_line_and_exit_1_not_a_traceback(dsn, db, tmp_path):
+    # an operator's psql (or a migration) holds the job's row, then the whole table; the
+    # CLI's sessions give up after lock_timeout (set in DATABASE_URL as an operator would)
+    job_id = await make_failed_job(db)
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body) values ('site', '{}', '{\"id\": \"f1\"}') returning id")
+    env = env_for(with_lock_timeout(dsn))
+    async with db.transaction() as tx:
+        await tx.execute("select 1 from jobs where id = %s for update", [job_id])
+        await tx.execute("select 1 from events where id = %s for update", [event_id])
+        retry = await autom("retry", str(job_id), env=env, cwd=tmp_path)
+        replay = await autom("replay", str(event_id), env=env, cwd=tmp_path)
+        await tx.execute("lock table jobs in access exclusive mode")
+        failed = await autom("failed", env=env, cwd=tmp_path)
+    for result in (retry, replay, failed):
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert result.stderr.strip() == ("autom: database busy: a row or table it needs is locked by another "
+                                         "transaction (lock timeout); try again in a moment"), result.stderr
+    # nothing changed, and once the lock is gone the same commands work
+    assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "failed"
+    assert (await autom("retry", str(job_id), env=env, cwd=tmp_path)).returncode == 0
+    assert (await autom("replay", str(event_id), env=env, cwd=tmp_path)).returncode == 0
 
 
 async def test_set_webhook_registers_url_and_secret(telegram_stub, tmp_path):

@@ -22,6 +22,7 @@ from autom.db import open_database
 from autom.handlers import default_handlers
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, RunningApp, app_settings, running_app
+from tests.support.pg import with_lock_timeout
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import (
     ADMIN_TOKEN,
@@ -398,6 +399,31 @@ async def test_replay_of_an_unparsable_or_unknown_source_event_is_409(app: Runni
     assert response.status_code == 409
     assert "source 'retired', which autom does not know" in response.json()["error"]
     assert await db.fetch_val("select count(*) from jobs") == 0
+
+
+async def test_a_query_the_database_refuses_to_finish_is_503_in_one_line(dsn: str, db: Any, telegram_stub: Any) -> None:
+    # real contention: another session holds the rows; the service's sessions give up
+    # waiting after lock_timeout (DATABASE_URL options, as an operator would set it)
+    job_id = await insert_job(db, status="failed", attempts=8, last_error="boom")
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body) values ('site', '{}', '{\"id\": \"f1\"}') returning id")
+    settings = service_settings(with_lock_timeout(dsn), telegram_stub.url)
+    async with running_service(settings) as svc, httpx.AsyncClient(base_url=svc.urls[0], headers=AUTH) as client:
+        async with db.transaction() as tx:
+            await tx.execute("select 1 from jobs where id = %s for update", [job_id])
+            await tx.execute("select 1 from events where id = %s for update", [event_id])
+            answers = [await client.post(f"/admin/jobs/{job_id}/retry"),
+                       await client.post(f"/admin/events/{event_id}/replay")]
+        for response in answers:
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "1"
+            assert response.json() == {"error": "database busy: a row or table it needs is locked by another "
+                                                "transaction (lock timeout); try again in a moment"}
+        # the service is fine: once the lock is gone the same requests succeed
+        assert (await client.post(f"/admin/jobs/{job_id}/retry")).status_code == 200
+        assert (await client.post(f"/admin/events/{event_id}/replay")).status_code == 202
+        health = await client.get("/health")
+        assert health.status_code == 200
 
 
 async def test_admin_answers_are_json_even_for_bodies_and_odd_methods(app: RunningApp) -> None:

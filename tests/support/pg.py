@@ -92,3 +92,12 @@ def temporary_database(server: PgServer, template: str | None = None, prefix: st
 def dbname_of(dsn: str) -> str:
     """The database name inside a connection string."""
     return str(conninfo_to_dict(dsn)["dbname"])
+
+
+def with_lock_timeout(dsn: str, milliseconds: int = 300) -> str:
+    """``dsn`` whose sessions give up waiting for a lock after ``milliseconds`` (libpq ``options``).
+
+    How an operator would set it in DATABASE_URL; the tests use it to make a held lock
+    fail a command quickly instead of waiting for it.
+    """
+    return make_conninfo(dsn, options=f"-c lock_timeout={milliseconds}")
