@@ -14,3 +14,10 @@ with ev as (
     returning id
 )
 select ev.id, (select count(*) from autom_enqueue(%(jobs)s::jsonb, ev.id)) as jobs from ev;
+
+-- name: intake_store_many
+-- Store several verified deliveries, one after the other, in ONE statement (one
+-- transaction: all of them or none): the intake's group commit. %(items)s is what
+-- autom.web.intake.batch_items makes; a redelivery, also of an earlier item of the
+-- same batch, gets a null id and no jobs, as intake_store would (migrations/0005).
+select pos, event_id, jobs_created from autom_intake_store_many(%(items)s::jsonb) order by pos;

@@ -1,0 +1,234 @@
+"""The intake's group commit (``StoreBatcher``, autom/web/intake.py; migrations/0005).
+
+Deliveries that arrive while a hop is in flight are stored together by the next
+one, in one transaction. These tests hold a hop in flight for as long as they
+need by locking the ``events`` table from another connection (no timing), then
+check what the batch did: every delivery its own answer, a redelivery inside
+the batch answered as a duplicate with no jobs, one delivery PostgreSQL refuses
+failing alone, a cancelled request leaving the queue, and the database going
+away mid-batch: 503 for all of it and nothing stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from autom.db import open_database
+from autom.errors import DatabaseUnavailable
+from autom.jobs.models import NewJob
+from autom.web.intake import StoreBatcher, batch_items, store_params
+from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
+from tests.support.restartable_pg import RestartablePg, restartable_pg
+
+HEADERS = {"content-type": "application/json"}
+
+
+def params(n: int, *, dedup: str | None = None, jobs: int = 1, recipient: str = "r1") -> dict[str, Any]:
+    """``store_params`` of delivery ``n``: dedup key ``k<n>`` unless given, ``jobs`` jobs."""
+    new_jobs = [NewJob(kind="test.kind", payload={"n": n, "i": i}, key=f"job-{n}-{i}", recipient=recipient)
+                for i in range(jobs)]
+    return store_params("site", HEADERS, json.dumps({"n": n}), dedup or f"k{n}", new_jobs)
+
+
+@asynccontextmanager
+async def events_locked(dsn: str) -> AsyncIterator[None]:
+    """Hold ``events`` locked for the block: a hop that inserts an event waits until the block ends."""
+    conn = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn))
+    try:
+        await trio.to_thread.run_sync(conn.execute, "lock table events in exclusive mode")
+        yield
+    finally:
+        await trio.to_thread.run_sync(conn.close)  # the lock goes with the transaction
+
+
+async def wait_queued(batcher: StoreBatcher, n: int) -> None:
+    """Until ``n`` deliveries wait behind the hop in flight."""
+    while batcher.queued < n:
+        await trio.sleep(0.005)
+
+
+async def store_all(
+    batcher: StoreBatcher, dsn: str, first: dict[str, Any], rest: list[dict[str, Any]]
+) -> tuple[Any, list[Any]]:
+    """Store ``first`` alone (held in flight), then ``rest`` queued behind it in order: one batch.
+
+    Returns each one's outcome, or the exception it raised.
+    """
+    results: list[Any] = [None] * len(rest)
+    first_result: list[Any] = [None]
+
+    async def one(p: dict[str, Any], slot: list[Any], i: int) -> None:
+        try:
+            slot[i] = await batcher.store(p)
+        except Exception as exc:
+            slot[i] = exc
+
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        nursery.start_soon(one, first, first_result, 0)
+        await wait_queued(batcher, 0)
+        while batcher.hops_run < 1:
+            await trio.sleep(0.005)
+        for i, p in enumerate(rest):  # one at a time: the queue's order is the list's
+            nursery.start_soon(one, p, results, i)
+            await wait_queued(batcher, i + 1)
+    return first_result[0], results
+
+
+async def test_deliveries_queued_behind_a_hop_are_stored_together(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    first, rest = await store_all(batcher, dsn, params(0), [params(n, jobs=n % 3) for n in range(1, 21)])
+    assert batcher.hops_run == 2  # the held one, then all twenty in one
+    assert first[0] is not None and first[1] == 1
+    ids = [event_id for event_id, _ in rest]
+    assert None not in ids and len(set(ids) | {first[0]}) == 21
+    assert [jobs for _, jobs in rest] == [n % 3 for n in range(1, 21)]
+    # each answer is its own event's: the id holds the body that was sent with it
+    rows = await db.fetch_all("select id, body from events")
+    body_of = {row["id"]: row["body"] for row in rows}
+    assert all(json.loads(body_of[event_id]) == {"n": n} for n, (event_id, _) in enumerate(rest, 1))
+    assert await count_rows(db, "events") == 21
+    assert await count_rows(db, "jobs") == 1 + sum(n % 3 for n in range(1, 21))
+
+
+async def test_a_redelivery_inside_a_batch_is_a_duplicate_without_jobs(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    again = params(5, dedup="same", jobs=2)
+    rest = [params(1), again, params(2), again, params(3, dedup="same", jobs=2), params(4)]
+    _, results = await store_all(batcher, dsn, params(0), rest)
+    assert batcher.hops_run == 2
+    assert results[1][0] is not None and results[1][1] == 2  # the first of the three wins, in order
+    assert results[3] == (None, 0) and results[4] == (None, 0)
+    assert all(r[0] is not None for i, r in enumerate(results) if i not in (3, 4))
+    assert await db.fetch_val("select count(*) from events where dedup_key = 'same'") == 1
+    # as separate transactions would: the duplicates' jobs (job-3-*) were never created
+    assert await db.fetch_val("select count(*) from jobs where key like 'job-3-%'") == 0
+    assert await count_rows(db, "jobs") == 1 + 1 + 2 + 1 + 1
+
+
+async def test_a_redelivery_of_a_stored_event_inside_a_batch_is_a_duplicate(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    stored = await batcher.store(params(7))
+    _, results = await store_all(batcher, dsn, params(0), [params(1), params(7), params(2)])
+    assert results[1] == (None, 0)
+    assert stored[0] is not None and results[0][0] is not None and results[2][0] is not None
+
+
+async def test_a_job_key_taken_earlier_in_the_batch_is_skipped_as_alone(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    a = params(1, jobs=1)
+    b = store_params("site", HEADERS, "{}", "other", [NewJob(kind="test.kind", payload={}, key="job-1-0")])
+    _, results = await store_all(batcher, dsn, params(0), [a, b])
+    assert results[0][1] == 1
+    assert results[1][0] is not None and results[1][1] == 0  # the event is new; its job's key is not
+
+
+async def test_one_delivery_postgres_refuses_fails_alone(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    bad = params(2)
+    bad["headers"] = '{"x": "\\u0000"}'  # jsonb refuses a NUL character
+    _, results = await store_all(batcher, dsn, params(0), [params(1), bad, params(3)])
+    assert isinstance(results[1], psycopg.Error)
+    assert results[0][0] is not None and results[2][0] is not None
+    assert await count_rows(db, "events") == 3
+
+
+async def test_a_cancelled_request_leaves_the_queue_and_is_not_stored(db: Any, dsn: str) -> None:
+    batcher = StoreBatcher(db)
+    results: dict[int, Any] = {}
+
+    async def one(n: int, scope_box: list[trio.CancelScope] | None = None) -> None:
+        with trio.CancelScope() as scope:
+            if scope_box is not None:
+                scope_box.append(scope)
+            results[n] = await batcher.store(params(n))
+
+    box: list[trio.CancelScope] = []
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        nursery.start_soon(one, 0)
+        while batcher.hops_run < 1:
+            await trio.sleep(0.005)
+        nursery.start_soon(one, 1, box)  # queued first: it would lead the next hop
+        await wait_queued(batcher, 1)
+        nursery.start_soon(one, 2)
+        await wait_queued(batcher, 2)
+        box[0].cancel()
+        await wait_queued(batcher, 1)  # it left the queue at once
+    assert set(results) == {0, 2}
+    assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
+    # and the batcher is idle again, not waiting for a leader that is gone
+    assert (await batcher.store(params(3)))[0] is not None
+
+
+def test_batch_items_keep_bodies_exact() -> None:
+    tricky = 'a "quoted" \\ back\nslash\r\n\t é ✓ \U0001F600 \u2028'
+    text = batch_items([store_params("s", {"h": "v"}, tricky, None, [])])
+    assert json.loads(text) == [["s", {"h": "v"}, tricky, None, []]]
+
+
+async def test_concurrent_deliveries_over_http_each_get_their_own_answer(db: Any) -> None:
+    headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+
+    def update(n: int) -> bytes:
+        return json.dumps({"update_id": n, "message": {"message_id": n, "chat": {"id": n % 3, "type": "private"},
+                                                     "text": f"#{n}"}}).encode()
+
+    answers: dict[int, Any] = {}
+    async with running_app(db) as app:
+        async def send(n: int) -> None:
+            response = await app.client.post("/hooks/telegram", content=update(n), headers=headers)
+            answers[n] = (response.status_code, response.json())
+
+        async with trio.open_nursery() as nursery:
+            for n in [*range(40), 3, 17, 17]:  # three redeliveries among them
+                nursery.start_soon(send, n)
+    assert all(status == 202 for status, _ in answers.values())
+    rows = await db.fetch_all("select id, body from events")
+    assert len(rows) == 40
+    body_of = {row["id"]: json.loads(row["body"])["update_id"] for row in rows}
+    assert await count_rows(db, "jobs") == 40
+    # every 202 with an id names the event that holds its own update
+    assert all(body_of[answer["id"]] == n for n, (_, answer) in answers.items() if "id" in answer)
+
+
+@pytest.fixture
+def pg() -> Iterator[RestartablePg]:
+    """A migrated PostgreSQL of this test's own, which it may stop and start."""
+    with restartable_pg() as server:
+        yield server
+
+
+async def test_the_database_going_away_mid_batch_answers_503_for_all_and_stores_nothing(pg: RestartablePg) -> None:
+    async with open_database(pg.dsn, min_size=2, max_size=4, pool_timeout=1.0, connect_timeout=2.0) as db:
+        batcher = StoreBatcher(db)
+        results: dict[int, Any] = {}
+
+        async def one(n: int) -> None:
+            try:
+                results[n] = await batcher.store(params(n))
+            except DatabaseUnavailable as exc:
+                results[n] = exc
+
+        async with trio.open_nursery() as nursery, events_locked(pg.dsn):
+            nursery.start_soon(one, 0)
+            while batcher.hops_run < 1:
+                await trio.sleep(0.005)
+            for n in range(1, 11):
+                nursery.start_soon(one, n)
+            await wait_queued(batcher, 10)
+            await trio.to_thread.run_sync(pg.stop)  # the held hop's connection dies with it
+        assert len(results) == 11
+        assert all(isinstance(r, DatabaseUnavailable) for r in results.values()), results
+
+        await trio.to_thread.run_sync(pg.start)
+        with trio.fail_after(10):
+            while not await db.ping():
+                await trio.sleep(0.1)
+        assert await count_rows(db, "events") == 0
+        assert await count_rows(db, "jobs") == 0
