@@ -7,7 +7,7 @@
         ├── signal watcher        SIGTERM/SIGINT: 1st = drain, 2nd = cancel now
         └── run_service
             ├── database pool     opened (and migrated) before anything serves
-            ├── background        LISTEN autom_jobs → doorbell; alert summaries
+            ├── background        LISTEN autom_jobs → doorbell; alert sender (outbox); watchdog
             └── services          (started in order, each ready before the next)
                 ├── schedule ticker
                 ├── worker pool   (fetcher, runners, completer, renewer)
@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo
 import trio
 import trio_util
 
+from autom.alerts import AlertSender
 from autom.config import Settings
 from autom.db.bridge import open_database
 from autom.db.migrate import apply_migrations
@@ -128,7 +129,8 @@ async def run_service(
             control.pool = pool
             async with trio.open_nursery() as background:
                 await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
-                background.start_soon(telegram.run_alert_summaries)
+                alerts = AlertSender(deps)
+                background.start_soon(alerts.run)
                 background.start_soon(Watchdog(deps, schedules).run)
                 async with trio.open_nursery() as services:
                     await services.start(run_ticker, deps, schedules, tz)
@@ -137,9 +139,13 @@ async def run_service(
                     log.info(f"autom serving on {', '.join(urls)} with {pool.workers} workers")
                     task_status.started(Service(deps=deps, pool=pool, urls=urls, control=control))
                 # ticker, pool and HTTP have all stopped: end the background tasks, but
-                # first report alerts the throttle still holds (bounded by the HTTP timeout)
-                with trio.CancelScope(shield=True):
-                    await telegram.flush_summary(force=True)
+                # first send this process's alerts, held ones as one summary (bounded;
+                # what does not go out stays in the outbox for the next sender)
+                with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.http_timeout_seconds + 2):
+                    try:
+                        await alerts.flush()
+                    except Exception as exc:  # the database is away: the outbox keeps them
+                        log.warning(f"could not send the last alerts at shutdown; they stay queued: {exc}")
                 background.cancel_scope.cancel()
     log.info("autom stopped")
 

@@ -15,18 +15,20 @@ in a message: httpx exceptions (which carry the URL) are translated and not
 chained, and a filter on the ``httpx`` logger redacts its "HTTP Request: POST
 https://…/bot<token>/…" lines.
 
-Alerts (``alert``, ``alert_job_failed``) never raise, and are throttled
-(``AlertThrottle``): past a few a minute the rest are counted and summarised in
-one message once the window allows it again (CONTRACT.md).
+``alert`` never raises. Job-failure alerts do not start here: the failure records
+them in the database (the outbox, migrations/0004) and rings ``alert_bell``;
+``autom.alerts.AlertSender`` sends them through ``AlertThrottle`` (a few a minute,
+then one summary) with the texts of ``job_failed_text`` and ``summary_text``.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -34,7 +36,8 @@ import trio
 
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
-from autom.errors import ConfigError, JobError, PermanentError, TransientError
+from autom.deps import Doorbell
+from autom.errors import ConfigError, JobError, PermanentError, Retry, TransientError
 
 logger = logging.getLogger("autom.telegram")
 
@@ -61,7 +64,6 @@ class TelegramClient:
         http: httpx.AsyncClient | None = None,
         *,
         log_only: bool = False,
-        throttle: AlertThrottle | None = None,
     ) -> None:
         if not log_only and not settings.telegram_bot_token:
             raise ConfigError("missing required setting TELEGRAM_BOT_TOKEN")
@@ -74,7 +76,8 @@ class TelegramClient:
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
-        self.throttle = throttle if throttle is not None else AlertThrottle()
+        #: rung by a worker that recorded a job-failure alert (autom.alerts sends it)
+        self.alert_bell = AlertBell()
         if self._token:
             _redact_token_in_httpx_logs(self._token)
 
@@ -143,61 +146,27 @@ class TelegramClient:
         """Send ``text`` to TELEGRAM_ALERT_CHAT_ID; True if it was delivered.
 
         Never raises (but ``trio.Cancelled`` passes): a failure is logged in one line and
-        reported as False. Bounded by the same total deadline as every call. Not throttled:
-        see ``alert_throttled``.
+        reported as False. Bounded by the same total deadline as every call. Not
+        throttled (the watchdog's alerts are rare by construction; job failures go
+        through the outbox's throttle).
         """
+        return (await self.deliver_alert(text)).delivered
+
+    async def deliver_alert(self, text: str) -> AlertResult:
+        """``alert``, also telling how long Telegram asked to wait (a 429's ``retry_after``)."""
         if self._log_only:
             self._log_call("sendMessage", {"chat_id": self._alert_chat_id, "text": text})
-            return True
+            return AlertResult(True)
         if not self._alert_chat_id:
             logger.warning("alert not sent: TELEGRAM_ALERT_CHAT_ID is not set: %s", one_line(text))
-            return False
+            return AlertResult(False)
         try:
             await self.send_message(self._alert_chat_id, text)
         except Exception as exc:  # an alert must never take its caller down with it
             reason = str(exc) if isinstance(exc, JobError) else str(classify_exception(exc, "telegram alert"))
             logger.warning("alert not delivered (%s): %s", one_line(reason), one_line(text, 120))
-            return False
-        return True
-
-    async def alert_throttled(self, text: str, *, now: float | None = None) -> bool:
-        """``alert`` through the throttle; True if ``text`` itself was delivered.
-
-        ``now`` (``trio.current_time()`` by default) is the throttle's clock. A pending
-        summary of suppressed alerts goes out first when the window has room.
-        """
-        now = trio.current_time() if now is None else now
-        await self.flush_summary(now)
-        if not self.throttle.admit(now):
-            logger.info("alert suppressed by the throttle: %s", one_line(text, 120))
-            return False
-        return await self.alert(text)
-
-    async def alert_job_failed(self, job_id: int, kind: str, attempts: int, error: object) -> bool:
-        """The alert for a job that ended in ``failed`` (CONTRACT.md: id, kind and error); throttled."""
-        plural = "" if attempts == 1 else "s"
-        text = f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
-        return await self.alert_throttled(text)
-
-    async def flush_summary(self, now: float | None = None, *, force: bool = False) -> bool:
-        """Send the summary of suppressed alerts if there is one and the window has room.
-
-        Called before every throttled alert, by ``run_alert_summaries``, and with
-        ``force=True`` once at shutdown, so the summary also goes out when the storm is
-        over or the process stops. Returns whether a summary was delivered.
-        """
-        now = trio.current_time() if now is None else now
-        summary = self.throttle.take_summary(now, force=force)
-        return await self.alert(summary) if summary else False
-
-    async def run_alert_summaries(
-        self, *, interval: float = 10.0, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Flush the alert summary every ``interval`` seconds; never returns (cancel it)."""
-        task_status.started()
-        while True:
-            await self.flush_summary()
-            await trio.sleep(interval)
+            return AlertResult(False, exc.after if isinstance(exc, Retry) else 0.0)
+        return AlertResult(True)
 
     def _log_call(self, method: str, params: dict[str, Any]) -> None:
         others = sorted(k for k in params if k not in ("chat_id", "text"))
@@ -247,52 +216,99 @@ def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
-class AlertThrottle:
-    """At most ``limit`` alerts per rolling ``window`` seconds; the rest are counted.
+@dataclass(frozen=True)
+class AlertResult:
+    """What ``deliver_alert`` did: delivered, or not (and how long a 429 asked to wait)."""
 
-    Pure logic, time passed in (``now``, any monotonic clock in seconds). ``admit(now)``
-    says whether an alert may go out and counts the ones that may not;
-    ``take_summary(now)`` returns the one-line summary of the counted ones once the
-    window has room for it (the summary takes a slot itself), else None.
+    delivered: bool
+    retry_after: float = 0.0
+
+
+class AlertBell:
+    """How a worker tells its process's alert sender "I recorded an alert for job N".
+
+    The alert itself is already in the database; the bell only makes the sender look
+    now instead of at its next poll, and lets it take this process's own alerts first.
     """
 
-    def __init__(self, limit: int = 5, window: float = 60.0) -> None:
-        if limit < 1 or window <= 0:
-            raise ValueError("an alert throttle needs limit >= 1 and window > 0")
+    #: ids kept between two looks; past that the sender's poll finds the rest anyway
+    MAX_IDS = 10_000
+
+    def __init__(self) -> None:
+        self.doorbell = Doorbell()
+        self._job_ids: set[int] = set()
+
+    def ring(self, job_id: int) -> None:
+        """An alert for ``job_id`` was recorded by this process."""
+        if len(self._job_ids) < self.MAX_IDS:
+            self._job_ids.add(job_id)
+        self.doorbell.set()
+
+    def take(self) -> list[int]:
+        """The job ids rung since the last ``take``."""
+        ids, self._job_ids = sorted(self._job_ids), set()
+        return ids
+
+
+def job_failed_text(job_id: int, kind: str, attempts: int, error: object) -> str:
+    """The alert for a job that ended in ``failed`` (CONTRACT.md: id, kind and error)."""
+    plural = "" if attempts == 1 else "s"
+    return f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
+
+
+def summary_text(kinds: Counter[str]) -> str:
+    """ONE message for alerts the throttle held: how many, of which kinds, how to list them."""
+    count = sum(kinds.values())
+    noun = "alert" if count == 1 else "alerts"
+    jobs = "job" if count == 1 else "jobs"
+    shown = kinds.most_common(10)
+    by_kind = ", ".join(f"{kind}: {n}" for kind, n in shown) + (", …" if len(kinds) > len(shown) else "")
+    return (f"{count} more {noun} suppressed (too many at once): {count} {jobs} failed for good "
+            f"({by_kind}); list them with `autom failed --limit {max(count, 20)}`")
+
+
+class AlertThrottle:
+    """At most ``limit`` single alerts per rolling ``window`` seconds, then ONE summary.
+
+    Pure logic, time passed in (``now``, any monotonic clock in seconds). The sender
+    asks ``has_room(now)`` before a single alert and calls ``sent(now)`` once Telegram
+    accepted it: a failed delivery takes no slot, so retries cannot crowd out the alert
+    they retry. Alerts that find no room are held and go out together in one summary
+    at ``summary_at(held_since)``: ``gather`` seconds after the first was held (so a
+    burst lands in one message) and at most one summary per ``window``;
+    ``summarised(now)`` records one. While a summary is pending, newer alerts join it
+    instead of overtaking it.
+    """
+
+    def __init__(self, limit: int = 5, window: float = 60.0, gather: float = 5.0) -> None:
+        if limit < 1 or window <= 0 or gather < 0:
+            raise ValueError("an alert throttle needs limit >= 1, window > 0 and gather >= 0")
         self.limit = limit
         self.window = window
+        self.gather = gather
         self._sent: deque[float] = deque()
-        self.suppressed = 0
+        self._last_summary: float | None = None
 
-    def _has_room(self, now: float) -> bool:
+    def has_room(self, now: float) -> bool:
+        """Whether a single alert may go out at ``now``."""
         while self._sent and self._sent[0] <= now - self.window:
             self._sent.popleft()
         return len(self._sent) < self.limit
 
-    def admit(self, now: float) -> bool:
-        """True if an alert may be sent at ``now`` (and count it as sent), else count it as suppressed.
-
-        While a summary is pending, new alerts are suppressed too: the summary goes first,
-        so the operators read the count before anything newer.
-        """
-        if self.suppressed == 0 and self._has_room(now):
-            self._sent.append(now)
-            return True
-        self.suppressed += 1
-        return False
-
-    def take_summary(self, now: float, *, force: bool = False) -> str | None:
-        """The summary of suppressed alerts if there are any and the window has room, else None.
-
-        ``force`` ignores the window (at shutdown: a held count must not die with the process).
-        """
-        if self.suppressed == 0 or not (force or self._has_room(now)):
-            return None
-        count, self.suppressed = self.suppressed, 0
+    def sent(self, now: float) -> None:
+        """A single alert was delivered at ``now`` (it takes a slot for ``window`` seconds)."""
         self._sent.append(now)
-        period = "minute" if self.window == 60 else f"{self.window:g} s"
-        noun = "alert" if count == 1 else "alerts"
-        return f"{count} more {noun} suppressed in the last {period}; see `autom failed`"
+
+    def summary_at(self, held_since: float) -> float:
+        """When the summary of alerts held since ``held_since`` may go out."""
+        due = held_since + self.gather
+        if self._last_summary is not None:
+            due = max(due, self._last_summary + self.window)
+        return due
+
+    def summarised(self, now: float) -> None:
+        """A summary was delivered at ``now``."""
+        self._last_summary = now
 
 
 class _RedactTokens(logging.Filter):
@@ -330,8 +346,12 @@ def _redact_token_in_httpx_logs(token: str) -> None:
 
 __all__ = [
     "MAX_TEXT",
+    "AlertBell",
+    "AlertResult",
     "AlertThrottle",
     "TelegramClient",
     "fit_text",
+    "job_failed_text",
     "open_telegram",
+    "summary_text",
 ]

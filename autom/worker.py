@@ -286,8 +286,8 @@ class WorkerPool:
         if outcome.final:
             metrics.job_attempts.labels(job.kind, "failed").inc()
             log.error(f"job failed for good: {outcome.error}", extra=context)
-            delivered = await self.deps.telegram.alert_job_failed(job.id, job.kind, job.attempts, outcome.error)
-            metrics.alerts.labels("sent" if delivered else "failed").inc()
+            # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
+            self.deps.telegram.alert_bell.ring(job.id)
             return
         metrics.job_attempts.labels(job.kind, "retry").inc()
         delay = (outcome.run_at.timestamp() - time.time()) if outcome.run_at else 0.0

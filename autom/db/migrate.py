@@ -3,12 +3,18 @@
 All pending files are applied in one transaction under a transaction-scoped
 advisory lock, so replicas starting together are safe: the second runner waits
 for the first to commit, then finds nothing left to do.
+
+Numbers need not be contiguous: "pending" is every shipped number not recorded in
+``schema_migrations``, so a gap (0004 shipped before 0003) is fine, and a number
+that ships later than a higher one is applied when it arrives. Migrations that may
+land in either order must not depend on each other.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -48,17 +54,18 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def apply_pending(conn: psycopg.Connection) -> list[Migration]:
+def apply_pending(conn: psycopg.Connection, migrations: Sequence[Migration] | None = None) -> list[Migration]:
     """Apply what is not applied yet, on ``conn`` inside its current transaction.
 
-    Returns the migrations applied now (empty when the database was up to date).
+    ``migrations`` defaults to ``available_migrations()``. Returns the migrations
+    applied now (empty when the database was up to date).
     """
     conn.execute(Q.migrations_lock)
     conn.execute(Q.migrations_table)
     applied = {row[0] if isinstance(row, tuple) else row["version"]
                for row in conn.execute(Q.migrations_applied).fetchall()}
     done = []
-    for mig in available_migrations():
+    for mig in available_migrations() if migrations is None else sorted(migrations, key=lambda m: m.version):
         if mig.version in applied:
             continue
         log.info("applying migration %04d_%s", mig.version, mig.name)

@@ -3,7 +3,8 @@
 Deletes, in small batches so no statement holds locks for long: done jobs older
 than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
 (pending, running or failed) job references; lock rows of recipients with
-nothing queued. Failed jobs are kept until retried or deleted by hand. Jobs with
+nothing queued; alerts sent more than RETAIN_DONE_DAYS ago (unsent ones wait to
+be sent). Failed jobs are kept until retried or deleted by hand. Jobs with
 a key are kept at least ``KEY_KEEP_SECONDS`` so a schedule slot cannot be
 enqueued twice. Rerun-safe: deleting what is already gone deletes nothing.
 """
@@ -45,12 +46,13 @@ async def _prune(ctx: HandlerContext, query: str, params: dict[str, float]) -> i
 
 
 async def handle(ctx: HandlerContext, job: Job) -> None:
-    """Prune finished jobs, old events and idle recipient rows."""
+    """Prune finished jobs, old events, idle recipient rows and sent alerts."""
     settings = ctx.settings
     jobs = await _prune(ctx, Q.prune_done_jobs, {
         "keep_seconds": settings.retain_done_days * 86400, "key_keep_seconds": KEY_KEEP_SECONDS,
     })
     events = await _prune(ctx, Q.prune_events, {"keep_seconds": settings.retain_events_days * 86400})
     recipients = await _prune(ctx, Q.prune_recipients, {})
-    log.info(f"pruned {jobs} done jobs, {events} events, {recipients} idle recipients",
+    alerts = await _prune(ctx, Q.prune_sent_alerts, {"keep_seconds": settings.retain_done_days * 86400})
+    log.info(f"pruned {jobs} done jobs, {events} events, {recipients} idle recipients, {alerts} sent alerts",
              extra={"job_id": job.id, "kind": job.kind})

@@ -8,7 +8,7 @@ import psycopg
 import trio
 
 from autom.db.bridge import open_database
-from autom.db.migrate import apply_migrations, apply_migrations_sync, available_migrations
+from autom.db.migrate import Migration, apply_migrations, apply_migrations_sync, apply_pending, available_migrations
 
 
 def applied_versions(dsn: str) -> list[int]:
@@ -52,3 +52,21 @@ async def test_migrated_schema_has_the_queue_tables(dsn):
             "select table_name from information_schema.tables where table_schema = 'public'")}
     assert {"events", "jobs", "recipients", "schema_migrations", "service_state"} <= tables
     await trio.lowlevel.checkpoint()
+
+
+def test_a_gap_in_the_numbers_is_fine_and_a_late_number_is_applied_when_it_ships(empty_dsn):
+    shipped = available_migrations()
+    versions = [m.version for m in shipped]
+    assert versions == sorted(set(versions)) and 4 in versions  # 0004_alert_outbox, with or without 0003
+    without_3 = [m for m in shipped if m.version != 3]
+    late = Migration(3, "late_arrival", "create table late_arrival (x int);")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            assert [m.version for m in apply_pending(conn, without_3)] == [m.version for m in without_3]
+        # a release that ships 0003 after databases already have 0004
+        with conn.transaction():
+            assert apply_pending(conn, [*without_3, late]) == [late]
+        with conn.transaction():
+            assert apply_pending(conn, [*without_3, late]) == []
+        assert conn.execute("select count(*) from late_arrival").fetchone() == (0,)
+    assert applied_versions(empty_dsn) == sorted({*versions, 3})

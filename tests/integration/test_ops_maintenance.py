@@ -89,6 +89,15 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     slot_job = await job("done", 7.5, key="heartbeat:2026-11-22T10:00Z")  # past retention, key still kept
     old_slot_job = await job("done", 9, key="heartbeat:2026-11-20T10:00Z")
 
+    async def alert(sent_days_ago: float | None) -> int:
+        return await db.fetch_val(
+            "insert into alerts (job_id, kind, attempts, error, created_at, sent_at) values (0, 'k', 1, 'e', "
+            "now() - interval '30 days', now() - %s * interval '1 day') returning id", [sent_days_ago])
+
+    old_sent_alert = await alert(10)  # past RETAIN_DONE_DAYS (7)
+    new_sent_alert = await alert(1)
+    unsent_alert = await alert(None)  # never pruned: it still has to reach someone
+
     async with open_telegram(settings) as telegram:
         ctx = HandlerContext(settings=settings, db=db, telegram=telegram)
         fake = Job(id=0, kind="maintenance.prune", payload={}, attempts=1, max_attempts=1, lease=1,
@@ -103,4 +112,6 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     # the done job's event went with the job; the failed job's stays for a replay
     assert events == {old_event_failed, new_event}
     assert old_event_alone not in events and old_event_done not in events
+    alerts = {r["id"] for r in await db.fetch_all("select id from alerts where job_id = 0")}
+    assert alerts == {new_sent_alert, unsent_alert} and old_sent_alert not in alerts
     await trio.lowlevel.checkpoint()

@@ -1,0 +1,182 @@
+"""The alert outbox's sender: job failures reach the alert chat even across a kill.
+
+A job that fails for good gets an ``alerts`` row in the statement that fails it
+(migrations/0004). One ``AlertSender`` per replica, in the service nursery, sends
+pending rows and marks them sent only once Telegram accepted them:
+
+* the worker that failed the job rings ``telegram.alert_bell`` with its id: the
+  sender looks at once and takes its own process's alerts first; a poll every
+  ``POLL_SECONDS`` finds the rest (``ORPHAN_SECONDS`` old: their process died);
+* a row is claimed with a lease (``claimed_until``) under ``FOR UPDATE SKIP LOCKED``,
+  so of several replicas one sends it; a sender killed mid-send leaves a lease that
+  runs out, and another sender (or the restarted one) sends it again. At least
+  once: a kill between Telegram's answer and the mark repeats one alert;
+* ``AlertThrottle``: at most 5 single alerts a minute per process; the rest are held
+  (claimed, logged "alert suppressed by the throttle") and go out as ONE summary
+  naming how many, of which kinds, and ``autom failed`` to list them;
+* Telegram down: rows are released with a backoff (doubling to ``MAX_BACKOFF_SECONDS``,
+  or a 429's ``retry_after``) and tried again; ``alert`` itself never raises;
+* at shutdown ``flush`` sends what it can (a held summary included) within a bound;
+  whatever it cannot stays in the database for the next sender.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from autom.checks import one_line
+from autom.db.queries import Q
+from autom.deps import Deps
+from autom.telegram import AlertThrottle, job_failed_text, summary_text
+
+log = logging.getLogger("autom.alerts")
+
+#: how often a sender looks for alerts nobody rang it about
+POLL_SECONDS = 2.0
+#: an alert not rung by this process is taken once this old (its own process had the
+#: first chance; after this it is presumed gone)
+ORPHAN_SECONDS = 3.0
+#: most alerts claimed in one look
+CLAIM_LIMIT = 200
+#: backoff after failed deliveries: 0.5 s, 1 s, 2 s, ... up to this
+MAX_BACKOFF_SECONDS = 60.0
+#: longest wait a 429 on the alert chat may impose
+MAX_RETRY_AFTER_SECONDS = 300.0
+
+Row = dict[str, Any]
+
+
+def backoff(tries: int) -> float:
+    """Seconds before the next delivery of an alert that failed ``tries + 1`` times."""
+    return min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** min(tries, 16))
+
+
+class AlertSender:
+    """Sends the outbox's alerts for one process (module docstring)."""
+
+    def __init__(self, deps: Deps, throttle: AlertThrottle | None = None) -> None:
+        self.deps = deps
+        self.db = deps.db
+        self.telegram = deps.telegram
+        self.bell = deps.telegram.alert_bell
+        self.throttle = throttle if throttle is not None else AlertThrottle()
+        # a claim outlives a few complete sends (each bounded by the HTTP deadline)
+        self.lease = 3 * deps.settings.http_timeout_seconds + 5.0
+        self._held: dict[int, Row] = {}
+        self._held_since: float | None = None
+        # delivered but not marked yet (the mark failed): marked first thing next round
+        self._unmarked: list[tuple[str, list[int]]] = []
+        self._round = trio.Lock()  # ``flush`` at shutdown may meet a round of ``run``
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send alerts as they are rung or found, forever (cancel it; ``flush`` first)."""
+        task_status.started()
+        while True:
+            seen = self.bell.doorbell.count
+            try:
+                await self.send_round()
+            except Exception as exc:  # the database is away: the rows wait for the next round
+                log.warning(f"alert round failed; trying again in {POLL_SECONDS:g}s: {one_line(str(exc))}")
+            wait = POLL_SECONDS
+            if self._held_since is not None:
+                wait = min(wait, self.throttle.summary_at(self._held_since) - trio.current_time())
+            with trio.move_on_after(max(0.0, wait)):
+                await self.bell.doorbell.wait_after(seen)
+
+    async def flush(self) -> None:
+        """At shutdown: send this process's alerts now, held ones as a summary at once."""
+        await self.send_round(final=True)
+
+    async def send_round(self, *, final: bool = False) -> None:
+        """One look: mark what is delivered, claim what is due, send, summarise when due."""
+        async with self._round:
+            await self._look(final=final)
+
+    async def _look(self, *, final: bool) -> None:
+        await self._mark_unmarked()
+        if self._held:
+            await self.db.execute(Q.alerts_renew, {"ids": list(self._held), "lease": self.lease})
+        rows = await self.db.fetch_all(Q.alerts_claim, {
+            "mine": self.bell.take(), "grace": ORPHAN_SECONDS, "lease": self.lease, "limit": CLAIM_LIMIT,
+        })
+        await self._send_singles(sorted(rows, key=lambda r: r["id"]))
+        if self._held and (final or trio.current_time() >= self.throttle.summary_at(self._held_since or 0.0)):
+            await self._send_summary()
+
+    # -- sending ---------------------------------------------------------------------
+
+    async def _send_singles(self, rows: Sequence[Row]) -> None:
+        for index, row in enumerate(rows):
+            now = trio.current_time()
+            if self._held or not self.throttle.has_room(now):
+                self._hold(row, now)
+                continue
+            text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "(no error text)")
+            result = await self.telegram.deliver_alert(text)
+            if result.delivered:
+                self.throttle.sent(trio.current_time())
+                self.deps.metrics.alerts.labels("sent").inc()
+                await self._mark("single", [row["id"]])
+                continue
+            # Telegram is down (or refuses): try this one later, and the rest with it
+            self.deps.metrics.alerts.labels("failed").inc()
+            delay = max(backoff(row["tries"]), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+            await self._release([row], delay, failed=True)
+            await self._release(rows[index + 1:], delay, failed=False)
+            return
+
+    def _hold(self, row: Row, now: float) -> None:
+        if self._held_since is None:
+            self._held_since = now
+        self._held[row["id"]] = row
+        self.deps.metrics.alerts.labels("suppressed").inc()
+        text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "")
+        log.info("alert suppressed by the throttle: %s", one_line(text, 120))
+
+    async def _send_summary(self) -> None:
+        held = list(self._held.values())
+        if len(held) == 1:  # a summary of one says less than the alert itself
+            only = held[0]
+            text = job_failed_text(only["job_id"], only["kind"], only["attempts"], only["error"] or "(no error text)")
+        else:
+            text = summary_text(Counter(r["kind"] for r in held))
+        result = await self.telegram.deliver_alert(text)
+        self._held.clear()
+        self._held_since = None
+        ids = [r["id"] for r in held]
+        if result.delivered:
+            self.throttle.summarised(trio.current_time())
+            self.deps.metrics.alerts.labels("sent").inc()
+            await self._mark("summary", ids)
+            return
+        self.deps.metrics.alerts.labels("failed").inc()
+        delay = max(backoff(max(r["tries"] for r in held)), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+        await self._release(held, delay, failed=True)
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    async def _mark(self, sent_as: str, ids: list[int]) -> None:
+        try:
+            await self.db.execute(Q.alerts_mark_sent, {"ids": ids, "sent_as": sent_as})
+        except Exception as exc:  # delivered all the same: mark it next round, before its lease ends
+            log.warning(f"could not mark {len(ids)} alert(s) sent; trying again: {one_line(str(exc))}")
+            self._unmarked.append((sent_as, ids))
+
+    async def _mark_unmarked(self) -> None:
+        while self._unmarked:
+            sent_as, ids = self._unmarked[0]
+            await self.db.execute(Q.alerts_mark_sent, {"ids": ids, "sent_as": sent_as})
+            self._unmarked.pop(0)
+
+    async def _release(self, rows: Sequence[Row], delay: float, *, failed: bool) -> None:
+        if rows:
+            await self.db.execute(Q.alerts_release, {
+                "ids": [r["id"] for r in rows], "delay": delay, "failed": int(failed),
+            })

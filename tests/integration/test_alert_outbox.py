@@ -1,0 +1,144 @@
+"""The alert outbox: recorded with the failure, sent by the service, throttled, once per alert.
+
+Real PostgreSQL, the real service (``running_service``) and the Telegram stub; the
+kill cases with the real process are in tests/e2e/test_alert_outbox_kill.py.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import trio
+
+from autom.errors import PermanentError, TransientError
+from autom.jobs.models import NewJob
+from autom.jobs.retry import RetryPolicy
+from autom.jobs.store import JobStore
+from autom.ops import Operations
+from tests.support.service import ALERT_CHAT, running_service, service_settings, wait_until
+from tests.support.telegram_stub import Reply, TelegramStub
+
+_NAMED = re.compile(r"^autom: job (\d+) \(")
+_SUMMARY = re.compile(r"^(\d+) more alerts? suppressed")
+
+
+async def alert_rows(db: Any) -> list[dict[str, Any]]:
+    return await db.fetch_all("select * from alerts order by id")
+
+
+def alert_texts(stub: TelegramStub) -> list[str]:
+    return [str(m["text"]) for m in stub.messages(ALERT_CHAT)]
+
+
+def named_and_summarised(texts: list[str]) -> tuple[list[int], list[int]]:
+    """Job ids named by single alerts, and the counts of the summaries."""
+    named = [int(m.group(1)) for t in texts if (m := _NAMED.match(t))]
+    counts = [int(m.group(1)) for t in texts if (m := _SUMMARY.match(t))]
+    assert len(named) + len(counts) == len(texts), texts  # nothing else was sent
+    return named, counts
+
+
+async def metric(client: httpx.AsyncClient, outcome: str) -> float:
+    text = (await client.get("/metrics")).text
+    found = re.search(rf'^autom_alerts_total{{outcome="{outcome}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def all_sent(db: Any, count: int) -> bool:
+    row = await db.fetch_one("select count(*) as n, count(sent_at) as sent from alerts")
+    return row is not None and row["n"] == count and row["sent"] == count
+
+
+# --- recorded with the failure ----------------------------------------------------------------
+
+
+async def test_failing_for_good_records_the_alert_in_the_same_statement(db: Any) -> None:
+    store = JobStore(db, retry=RetryPolicy(base=0.01, cap=0.01))
+    await store.enqueue_many([NewJob("a.kind", max_attempts=2), NewJob("b.kind")])
+    first, second = sorted(await store.claim(2), key=lambda job: job.id)
+    # a retry is no alert; the last attempt and a permanent error are
+    assert not (await store.fail(first, TransientError("502"))).final
+    assert await alert_rows(db) == []
+    assert (await store.fail(second, PermanentError("400 chat not found"))).final
+    again = await wait_until(store.claim_one)
+    assert (await store.fail(again, TransientError("502 again"))).final
+    rows = await alert_rows(db)
+    assert [(r["job_id"], r["kind"], r["attempts"], r["error"], r["sent_at"]) for r in rows] == [
+        (second.id, "b.kind", 1, "PermanentError: 400 chat not found", None),
+        (first.id, "a.kind", 2, "TransientError: 502 again", None),
+    ]
+    # a job retried by an operator that fails again alerts again; finishing never does
+    await Operations(db).retry_job(second.id)
+    retried = await store.claim_one()
+    assert retried is not None and await store.complete(retried)
+    assert len(await alert_rows(db)) == 2
+
+
+# --- sent by the service ----------------------------------------------------------------------
+
+
+async def test_an_alert_waits_out_a_telegram_outage_and_arrives_once(dsn: str, db: Any,
+                                                                     telegram_stub: TelegramStub) -> None:
+    telegram_stub.plan("sendMessage", [Reply(502), Reply(502), Reply(429, retry_after=1)], chat_id=ALERT_CHAT)
+    async with running_service(service_settings(dsn, telegram_stub.url)) as svc:
+        job_id = await svc.deps.store.enqueue(NewJob("no.such.kind"))
+        svc.deps.doorbell.set()
+        assert await wait_until(lambda: all_sent(db, 1), timeout=30)
+        await trio.sleep(0.5)  # a second (wrong) delivery would show up by now
+        async with httpx.AsyncClient(base_url=svc.urls[0]) as client:
+            failed, sent = await metric(client, "failed"), await metric(client, "sent")
+    calls = telegram_stub.calls_of("sendMessage", chat_id=ALERT_CHAT)
+    assert len(calls) == 4  # 502, 502, 429, then delivered
+    assert calls[3].time - calls[2].time >= 0.9  # the 429's retry_after was waited out
+    texts = alert_texts(telegram_stub)
+    assert all(t == texts[0] for t in texts)
+    assert texts[0].startswith(f"autom: job {job_id} (no.such.kind) failed after 1 attempt: ")
+    row = (await alert_rows(db))[0]
+    assert (row["tries"], row["sent_as"], row["claimed_until"]) == (3, "single", None)
+    assert (failed, sent) == (3, 1)
+
+
+async def test_a_burst_of_50_failures_is_5_alerts_and_one_summary(dsn: str, db: Any,
+                                                                   telegram_stub: TelegramStub) -> None:
+    ids = await JobStore(db).enqueue_many([NewJob("no.such.kind") for _ in range(45)] +
+                                          [NewJob("other.kind") for _ in range(5)])
+    async with running_service(service_settings(dsn, telegram_stub.url)):
+        assert await wait_until(lambda: all_sent(db, 50), timeout=30)
+        await trio.sleep(0.5)
+    named, summaries = named_and_summarised(alert_texts(telegram_stub))
+    assert len(named) == 5 and len(set(named)) == 5 and set(named) <= set(ids)
+    assert summaries == [45]
+    summary = next(t for t in alert_texts(telegram_stub) if _SUMMARY.match(t))
+    kinds = {"no.such.kind": 45, "other.kind": 5}
+    for kind in kinds:
+        kinds[kind] -= sum(1 for t in alert_texts(telegram_stub) if _NAMED.match(t) and f"({kind})" in t)
+    for kind, count in kinds.items():
+        if count:
+            assert f"{kind}: {count}" in summary, summary
+    assert "`autom failed --limit 45`" in summary
+    rows = await alert_rows(db)
+    assert sorted(r["job_id"] for r in rows if r["sent_as"] == "single") == sorted(named)
+    assert sum(1 for r in rows if r["sent_as"] == "summary") == 45
+
+
+async def test_two_replicas_send_each_alert_once(dsn: str, db: Any, telegram_stub: TelegramStub) -> None:
+    settings = service_settings(dsn, telegram_stub.url)
+    async with running_service(settings) as one, running_service(settings):
+        # failures by both replicas' workers ...
+        worked = await one.deps.store.enqueue_many([NewJob("no.such.kind") for _ in range(8)])
+        one.deps.doorbell.set()
+        # ... and failures recorded by a replica that is gone (nobody rings for these:
+        # both senders find them at once when they are ORPHAN_SECONDS old)
+        later = datetime.now(UTC) + timedelta(hours=1)  # not claimable: nobody here runs them
+        orphans = await JobStore(db).enqueue_many([NewJob("gone.kind", run_at=later) for _ in range(6)])
+        await db.execute("update jobs set status = 'failed', last_error = 'replica died' where id = any(%s)",
+                         [orphans])
+        assert await wait_until(lambda: all_sent(db, 14), timeout=40)
+        await trio.sleep(1.0)
+    named, summaries = named_and_summarised(alert_texts(telegram_stub))
+    assert len(named) == len(set(named)), named  # no alert twice
+    assert set(named) <= set(worked) | set(orphans)
+    assert len(named) + sum(summaries) == 14  # and none lost
