@@ -78,12 +78,20 @@ class AlertSender:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Send alerts as they are rung or found, forever (cancel it; ``flush`` first)."""
         task_status.started()
+        failing = False
         while True:
             seen = self.bell.doorbell.count
             try:
                 await self.send_round()
             except Exception as exc:  # the database is away: the rows wait for the next round
-                log.warning(f"alert round failed; trying again in {POLL_SECONDS:g}s: {one_line(str(exc))}")
+                # one warning per outage, not one every POLL_SECONDS
+                (log.debug if failing else log.warning)(
+                    f"alert round failed; trying again every {POLL_SECONDS:g}s: {one_line(str(exc))}")
+                failing = True
+            else:
+                if failing:
+                    log.info("alert rounds work again")
+                failing = False
             wait = POLL_SECONDS
             if self._held_since is not None:
                 wait = min(wait, self.throttle.summary_at(self._held_since) - trio.current_time())

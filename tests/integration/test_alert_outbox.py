@@ -142,3 +142,15 @@ async def test_two_replicas_send_each_alert_once(dsn: str, db: Any, telegram_stu
     assert len(named) == len(set(named)), named  # no alert twice
     assert set(named) <= set(worked) | set(orphans)
     assert len(named) + sum(summaries) == 14  # and none lost
+
+
+async def test_a_burst_during_a_telegram_outage_arrives_after_it_throttled(dsn: str, db: Any,
+                                                                          telegram_stub: TelegramStub) -> None:
+    telegram_stub.plan("sendMessage", [Reply(502)] * 3, chat_id=ALERT_CHAT)
+    ids = await JobStore(db).enqueue_many([NewJob("no.such.kind") for _ in range(20)])
+    async with running_service(service_settings(dsn, telegram_stub.url)):
+        assert await wait_until(lambda: all_sent(db, 20), timeout=30)
+        await trio.sleep(0.5)
+    named, summaries = named_and_summarised(alert_texts(telegram_stub)[3:])  # after the three 502s
+    assert len(named) == 5 and len(set(named)) == 5 and set(named) <= set(ids)
+    assert summaries == [15]
