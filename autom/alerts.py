@@ -93,7 +93,7 @@ class AlertSender:
                     log.info("alert rounds work again")
                 failing = False
             wait = POLL_SECONDS
-            if self._held_since is not None:
+            if self._held_since is not None and not failing:  # failing: no hurry into the next failure
                 wait = min(wait, self.throttle.summary_at(self._held_since) - trio.current_time())
             with trio.move_on_after(max(0.0, wait)):
                 await self.bell.doorbell.wait_after(seen)
@@ -162,7 +162,7 @@ class AlertSender:
         if result.delivered:
             self.throttle.summarised(trio.current_time())
             self.deps.metrics.alerts.labels("sent").inc()
-            await self._mark("summary", ids)
+            await self._mark("summary" if len(held) > 1 else "single", ids)
             return
         self.deps.metrics.alerts.labels("failed").inc()
         delay = max(backoff(max(r["tries"] for r in held)), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))

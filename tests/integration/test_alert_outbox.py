@@ -7,10 +7,12 @@ kill cases with the real process are in tests/e2e/test_alert_outbox_kill.py.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from autom.errors import PermanentError, TransientError
@@ -18,6 +20,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.ops import Operations
+from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import ALERT_CHAT, running_service, service_settings, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
 
@@ -154,3 +157,36 @@ async def test_a_burst_during_a_telegram_outage_arrives_after_it_throttled(dsn: 
     named, summaries = named_and_summarised(alert_texts(telegram_stub)[3:])  # after the three 502s
     assert len(named) == 5 and len(set(named)) == 5 and set(named) <= set(ids)
     assert summaries == [15]
+
+
+@pytest.fixture
+def pg() -> Iterator[RestartablePg]:
+    """A PostgreSQL of this test's own, which it may stop and start."""
+    with restartable_pg() as server:
+        yield server
+
+
+async def test_delivered_while_the_database_is_down_is_marked_later_not_sent_again(
+    pg: RestartablePg, telegram_stub: TelegramStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Telegram accepts the alert while PostgreSQL is away: the mark waits for the
+    # database (a resend would be the at-least-once repeat; it must not be needed here)
+    telegram_stub.plan("sendMessage", [Reply(delay=4)], chat_id=ALERT_CHAT)
+    settings = service_settings(pg.dsn, telegram_stub.url, http_timeout_seconds=10)
+    async with running_service(settings) as svc:
+        job_id = await svc.deps.store.enqueue(NewJob("no.such.kind"))
+        svc.deps.doorbell.set()
+        with trio.fail_after(10):
+            await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=ALERT_CHAT)
+        await trio.to_thread.run_sync(pg.stop)  # within the 4 s Telegram takes to answer
+        await trio.sleep(5)
+        await trio.to_thread.run_sync(pg.start)
+
+        def marked() -> Any:
+            with pg.connect() as conn:
+                return conn.execute("select sent_as from alerts where sent_at is not null").fetchone()
+
+        assert await wait_until(lambda: trio.to_thread.run_sync(marked), timeout=20) == ("single",)
+    assert "could not mark 1 alert(s) sent" in caplog.text  # the case this test is about happened
+    calls = telegram_stub.calls_of("sendMessage", chat_id=ALERT_CHAT)
+    assert len(calls) == 1 and str(calls[0].params["text"]).startswith(f"autom: job {job_id} (no.such.kind)")
