@@ -401,9 +401,10 @@ def hop(args: argparse.Namespace) -> int:
 
     ``select 1`` is the floor of any hop (thread, pool, round trip). ``transaction`` is
     the first design: ``db.run`` with the event insert and ``insert_jobs_sync`` (BEGIN,
-    two statements, COMMIT: four round trips). ``statement`` is the intake now: one
-    ``intake_store`` statement. ``pipelined x8`` is where batching would go: eight
-    ``intake_store`` statements in one hop and one transaction (psycopg pipeline mode).
+    two statements, COMMIT: four round trips). ``statement`` is one ``intake_store``
+    statement (a delivery that found no hop in flight). ``batch of 8 / 16`` is the
+    group commit: one ``intake_store_many`` statement storing that many deliveries in
+    one hop and one transaction (StoreBatcher, autom/web/intake.py).
     """
     import itertools
 
@@ -416,7 +417,7 @@ def hop(args: argparse.Namespace) -> int:
     from autom.db.queries import Q
     from autom.jobs.models import NewJob
     from autom.jobs.store import insert_jobs_sync
-    from autom.web.intake import store_params
+    from autom.web.intake import batch_items, store_params
 
     counter = itertools.count(1)
 
@@ -440,12 +441,6 @@ def hop(args: argparse.Namespace) -> int:
         ).fetchone()
         assert row is not None
         insert_jobs_sync(conn, [NewJob(**{**j.__dict__, "event_id": row["id"]}) for j in jobs])
-
-    def pipelined(conn: psycopg.Connection[Any], batch: list[dict[str, Any]]) -> None:
-        with conn.pipeline():
-            cursors = [conn.execute(Q.intake_store, params) for params in batch]
-        for cursor in cursors:
-            cursor.fetchone()
 
     async def measure(db: Any, name: str, tasks: int, per_task: int, per_call: int, call: Any) -> None:
         async def worker() -> None:
@@ -476,21 +471,27 @@ def hop(args: argparse.Namespace) -> int:
                 body, jobs = delivery()
                 await db.fetch_one(Q.intake_store, store_params("telegram", headers, body, body[:20], jobs))
 
-            async def batch8() -> None:
-                batch = []
-                for _ in range(8):
-                    body, jobs = delivery()
-                    batch.append(store_params("telegram", headers, body, body[:20], jobs))
-                await db.run(pipelined, batch)  # one transaction: one commit for the eight
+            def batch_of(size: int) -> Any:
+                async def batch() -> None:
+                    items = []
+                    for _ in range(size):
+                        body, jobs = delivery()
+                        items.append(store_params("telegram", headers, body, body[:20], jobs))
+                    rows = await db.fetch_all(Q.intake_store_many, {"items": batch_items(items)})
+                    assert len(rows) == size
+
+                return batch
 
             print("| hop | concurrent | events/s | process CPU ms/event |")
             print("|---|---:|---:|---:|")
             for _ in range(args.rounds):
                 for name, call, per_call in (("select 1 (floor)", select1, 1), ("transaction, 4 round trips", tx, 1),
-                                             ("one statement (now)", statement, 1)):
+                                             ("one statement (a lone delivery)", statement, 1)):
                     await measure(db, name, 1, 150, per_call, call)
                     await measure(db, name, 16, 40, per_call, call)
-                await measure(db, "pipelined x8, one transaction (batching)", 2, 40, 8, batch8)
+                for size in (8, 16):
+                    await measure(db, f"batch of {size}: one intake_store_many (group commit)", 1, 40, size,
+                                  batch_of(size))
 
     dbname = f"autom_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
