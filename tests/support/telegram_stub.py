@@ -347,6 +347,22 @@ async def _send_json(send: Send, status: int, data: Any) -> None:
     await _send_bytes(send, status, json.dumps(data).encode(), [])
 
 
+def stub_config(bind: str, logger: str) -> Config:
+    """Hypercorn's settings for serving a stub on ``bind`` (``host:port``), errors to ``logger``."""
+    config = Config()
+    config.bind = [bind]
+    config.graceful_timeout = 1.0
+    config.accesslog = None
+    # a Logger object (not "-") so hypercorn adds no handler of its own
+    config.errorlog = logging.getLogger(logger)
+    # Longer than httpx's keepalive_expiry (5 s), as real servers' are: the client drops
+    # an idle connection first. With both at 5 s, the stub now and then closed a
+    # connection just as a worker reused it, and that call failed with a reset that
+    # no fault of the test had asked for.
+    config.keep_alive_timeout = 75.0
+    return config
+
+
 @asynccontextmanager
 async def running_stub(
     *, host: str = "127.0.0.1", port: int = 0, token: str | None = None
@@ -357,12 +373,7 @@ async def running_stub(
     ``shutdown_trigger``; cancelling ``serve`` can leave peers hanging, hypercorn #106).
     """
     stub = TelegramStub(token=token)
-    config = Config()
-    config.bind = [f"{host}:{port}"]
-    config.graceful_timeout = 1.0
-    config.accesslog = None
-    # a Logger object (not "-") so hypercorn adds no handler of its own
-    config.errorlog = logging.getLogger("tests.telegram_stub.hypercorn")
+    config = stub_config(f"{host}:{port}", "tests.telegram_stub.hypercorn")
     stopping = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, stub, config, shutdown_trigger=stopping.wait, mode="asgi"))
