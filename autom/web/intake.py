@@ -73,12 +73,6 @@ _DUPLICATE = {"duplicate": True}
 #: Most deliveries stored by one hop (a batch waits for the one in flight, so it holds
 #: about as many as arrived meanwhile: up to the number of concurrent senders).
 MAX_BATCH = 64
-#: Hops in flight at a time (each takes what was queued when it started). One: a batch
-#: holds its recipients' row locks until it commits, and two batches of this process
-#: taking them in different orders could deadlock (PostgreSQL would break it after
-#: deadlock_timeout, 1 s; the deliveries would then be stored one by one). Two were no
-#: faster in bench/intake.py.
-MAX_HOPS = 1
 #: Longest a batch's hop may take; it runs shielded from the cancellation of the request
 #: that leads it (that sender gave up, the others did not). Beyond it: 503 for the batch.
 BATCH_HOP_SECONDS = 10.0
@@ -210,6 +204,12 @@ class _Delivery:
 class StoreBatcher:
     """Group commit of deliveries: one hop at a time, taking every delivery queued meanwhile.
 
+    One hop at a time: a batch holds its recipients' row locks until it commits,
+    and two batches of this process taking them in different orders could
+    deadlock (PostgreSQL would break it after deadlock_timeout, 1 s, and the
+    deliveries would then be stored one by one). Two hops at a time were no
+    faster in bench/intake.py (RESULTS.md, Intake).
+
     ``await store(params)`` returns ``(event_id, jobs)`` once the delivery is
     committed, ``(None, 0)`` for a redelivery, or raises (``DatabaseUnavailable``
     for a 503). No task of its own: the first delivery to find no hop in flight runs
@@ -218,13 +218,12 @@ class StoreBatcher:
     waits leaves the queue (nothing stored) unless its batch is already in flight.
     """
 
-    def __init__(self, db: Database, max_batch: int = MAX_BATCH, max_hops: int = MAX_HOPS) -> None:
-        """Store through ``db``, at most ``max_batch`` deliveries per hop, ``max_hops`` hops at a time."""
+    def __init__(self, db: Database, max_batch: int = MAX_BATCH) -> None:
+        """Store through ``db``, at most ``max_batch`` deliveries per hop."""
         self._db = db
         self._max_batch = max_batch
-        self._max_hops = max_hops
         self._queue: list[_Delivery] = []
-        self._hops = 0  # hops in flight, and leaders woken to run one
+        self._busy = False  # a hop is in flight, or a leader has been woken to run one
         #: hops run so far (a batch of many is one hop)
         self.hops_run = 0
 
@@ -237,14 +236,14 @@ class StoreBatcher:
         """Store one delivery (``store_params``); see the class docstring."""
         delivery = _Delivery(params)
         self._queue.append(delivery)
-        if self._hops >= self._max_hops:
+        if self._busy:
             try:
                 await delivery.wake.wait()
             except BaseException:
                 self._withdraw(delivery)
                 raise
         else:
-            self._hops += 1
+            self._busy = True
             delivery.lead = True
         if delivery.lead:
             await self._lead()
@@ -309,7 +308,7 @@ class StoreBatcher:
             leader.lead = True
             leader.wake.set()
         else:
-            self._hops -= 1
+            self._busy = False
 
     def _withdraw(self, delivery: _Delivery) -> None:
         """``delivery``'s request stopped waiting (cancelled)."""
