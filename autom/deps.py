@@ -27,9 +27,12 @@ class Doorbell:
     ``wait_after(count)``, which returns at once if ``set()`` was called meanwhile.
     """
 
+    __slots__ = ("_count", "_event", "_waiting")
+
     def __init__(self) -> None:
         self._count = 0
         self._event = trio.Event()
+        self._waiting = 0
 
     @property
     def count(self) -> int:
@@ -37,15 +40,20 @@ class Doorbell:
         return self._count
 
     def set(self) -> None:
-        """Ring: wake every waiter (safe to call often; cheap)."""
+        """Ring: wake every waiter (safe to call often; cheap when nobody waits)."""
         self._count += 1
-        self._event.set()
-        self._event = trio.Event()
+        if self._waiting:
+            self._event.set()
+            self._event = trio.Event()
 
     async def wait_after(self, seen: int) -> None:
         """Return once the bell was rung after the ring count ``seen``."""
         if self._count == seen:
-            await self._event.wait()
+            self._waiting += 1
+            try:
+                await self._event.wait()
+            finally:
+                self._waiting -= 1
 
 
 @dataclass

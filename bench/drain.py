@@ -1,6 +1,6 @@
 """Worker benchmark: how fast autom's worker pool drains a backlog of no-op jobs.
 
-    python bench/drain.py [--jobs 20000] [--workers 16] [--batch 50] [--chunk 1000]
+    python bench/drain.py [--jobs 20000] [--workers 16] [--batch N] [--chunk 1000]
                           [--recipients 0,1000] [--runs 1] [--fairness] [--out FILE]
     python bench/drain.py report AUTOM.jsonl [PEERS.jsonl]    the combined table
     python bench/drain.py worker ...                           (internal) the worker process
@@ -23,7 +23,8 @@ What one run does, per variant (``--recipients``: 0 = jobs without a recipient,
 5. verifies in SQL that exactly N jobs are ``done`` and none is in any other state.
 
 Two bench-local subclasses are swapped into ``autom.app`` in the worker process
-(autom's code is not changed): ``WorkerPool`` to take ``--batch`` and to note
+(autom's code is not changed): ``WorkerPool`` to take ``--batch`` (when given; else
+its default) and to note
 when the pool starts and stops, ``JobStore`` to count and time the claim and
 complete statements (two ``perf_counter`` calls per statement).
 
@@ -182,7 +183,7 @@ def bench_settings(dsn: str, workers: int) -> Any:
                     log_level="warning", shutdown_grace_seconds=5.0)
 
 
-def install_probes(batch: int, pool_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+def install_probes(batch: int | None, pool_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Swap bench-local subclasses of WorkerPool and JobStore into ``autom.app`` (worker process only).
 
     Returns the dict they fill: pool start/stop times, claim and complete statements
@@ -214,17 +215,27 @@ def install_probes(batch: int, pool_kwargs: dict[str, Any] | None = None) -> dic
                 probe["on_claim"](jobs, t0, t1)
             return jobs
 
-        async def complete_many(self, jobs: Any) -> set[int]:
-            t0 = now()
-            held = await super().complete_many(jobs)
-            probe["complete_s"] += now() - t0
-            probe["completes"] += 1
-            probe["completed"] += len(held)
-            return held
+        if hasattr(JobStore, "complete_batch"):  # the completer's statement (complete_many calls it too)
+            async def complete_batch(self, jobs: Any) -> tuple[set[int], bool]:
+                t0 = now()
+                held, more = await super().complete_batch(jobs)  # type: ignore[misc]
+                probe["complete_s"] += now() - t0
+                probe["completes"] += 1
+                probe["completed"] += len(held)
+                return held, more
+        else:  # an older autom (--variant base through PYTHONPATH)
+            async def complete_many(self, jobs: Any) -> set[int]:
+                t0 = now()
+                held = await super().complete_many(jobs)
+                probe["complete_s"] += now() - t0
+                probe["completes"] += 1
+                probe["completed"] += len(held)
+                return held
 
     class ProbePool(WorkerPool):
         def __init__(self, deps: Any, handlers: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("batch", batch)
+            if batch is not None:
+                kwargs.setdefault("batch", batch)
             kwargs.update(pool_kwargs or {})
             super().__init__(deps, handlers, **kwargs)
 
@@ -402,9 +413,13 @@ def enqueue(dsn: str, groups: list[tuple[int, Any]], chunk: int) -> float:
 def run_worker(dsn: str, args: argparse.Namespace, jobs: int, tag: str) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--dsn", with_options(dsn, args.dsn_options),
            "--jobs", str(jobs),
-           "--workers", str(args.workers), "--batch", str(args.batch), "--timeout", str(args.timeout)]
+           "--workers", str(args.workers), "--timeout", str(args.timeout)]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
     if args.pool_kwargs:
         cmd += ["--pool-kwargs", args.pool_kwargs]
+    if args.variant:
+        cmd += ["--variant", args.variant]
     if args.py_spy:  # PREFIX → PREFIX-<tag>.svg (flame graph) or, PREFIX ending in .txt, collapsed stacks
         raw = args.py_spy.endswith(".txt")
         out = f"{args.py_spy.removesuffix('.txt')}-{tag}.{'txt' if raw else 'svg'}"
@@ -445,18 +460,19 @@ def drain_run(dsn: str, args: argparse.Namespace, recipients: int, rep: int) -> 
     enq_s = enqueue(dsn, [(n, recipient_of)], args.chunk)
     label = "none" if not recipients else str(recipients)
     emit({"system": "autom", "test": "enqueue_batch", "recipients": label, "rep": rep, "jobs": n,
-          "chunk": args.chunk, "secs": enq_s, "jobs_per_s": n / enq_s, "phase": args.phase}, args.out)
+          "chunk": args.chunk, "secs": enq_s, "jobs_per_s": n / enq_s, "phase": args.phase,
+          "variant": args.variant}, args.out)
     w = run_worker(dsn, args, n, f"drain-{label}-{rep}")
     counts = status_counts(dsn)
     if w.get("failed"):
         emit({"system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n, "workers": args.workers,
-              "batch": args.batch, "phase": args.phase, "pool_kwargs": args.pool_kwargs,
+              "batch": args.batch, "phase": args.phase, "pool_kwargs": args.pool_kwargs, "variant": args.variant,
               "dsn_options": args.dsn_options, "verified": False, "status_counts": counts, **w}, args.out)
         log(f"autom drain ({label} recipients) rep {rep}: the worker FAILED: {w['error']}")
         return
     verified = counts == {"done": n} and w["handled"] == n
     rec = {
-        "system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n,
+        "system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n, "variant": args.variant,
         "workers": args.workers, "batch": args.batch, "dsn_options": args.dsn_options, "py_spy": bool(args.py_spy),
         "pool_kwargs": args.pool_kwargs, "phase": args.phase, "setup_sql": args.setup_sql,
         "jobs_per_s": n / w["drain_s"], "start_to_stopped_jobs_per_s": n / w["start_to_stopped_s"],
@@ -471,7 +487,8 @@ def drain_run(dsn: str, args: argparse.Namespace, recipients: int, rep: int) -> 
         "status_counts": counts, "verified": verified, **{f"w_{k}": v for k, v in w.items() if k != "small"},
     }
     emit(rec, args.out)
-    log(f"autom drain ({label} recipients) rep {rep}: {rec['jobs_per_s']:.0f} jobs/s "
+    log(f"autom{' ' + args.variant if args.variant else ''} drain ({label} recipients) rep {rep}: "
+        f"{rec['jobs_per_s']:.0f} jobs/s "
         f"(enqueue {n / enq_s:.0f}/s; {w['claims']} claims of {rec['jobs_per_claim']:.1f}, "
         f"{w['completes']} completes of {rec['jobs_per_complete']:.1f}; verified={verified})")
 
@@ -490,7 +507,7 @@ def fairness_run(dsn: str, args: argparse.Namespace, big_recipient: str | None) 
     small = w["small"] or {}
     rec = {
         "system": "autom", "test": "fairness", "backlog": big, "backlog_recipient": big_recipient,
-        "workers": args.workers, "batch": args.batch, **small,
+        "workers": args.workers, "batch": args.batch, "variant": args.variant, **small,
         "drain_s": w["drain_s"], "jobs_per_s": w["handled"] / w["drain_s"], "handled": w["handled"],
         "timed_out": w["timed_out"], "status_counts": counts,
         "verified": counts == {"done": big + 1} and w["handled"] == big + 1,
@@ -567,6 +584,10 @@ def report(paths: list[str]) -> int:
                   "recipient": "autom, jobs over 1,000 recipients"}
     peers = ("pgqueuer", "procrastinate", "raw", "oban")
 
+    def row_name(r: dict[str, Any]) -> str:
+        name = autom_rows[r["recipients"]]
+        return name.replace("autom,", f"autom {r['variant']},", 1) if r.get("variant") else name
+
     def add(name: str, key: str, value: Any) -> None:
         rows.setdefault(name, {}).setdefault(key, []).append(value)
 
@@ -575,7 +596,7 @@ def report(paths: list[str]) -> int:
         if sysname == "autom" and test == "drain" and r.get("verified") and not r.get("py_spy") \
                 and not r.get("dsn_options") and not r.get("pool_kwargs") and not r.get("setup_sql") \
                 and not (r.get("phase") or "").startswith("exp") and r["recipients"] in autom_rows:
-            name = autom_rows[r["recipients"]]
+            name = row_name(r)
             add(name, "drain", r["jobs_per_s"])
             add(name, "sts", r["start_to_stopped_jobs_per_s"])
             add(name, "span", r["span_jobs_per_s"])
@@ -584,10 +605,10 @@ def report(paths: list[str]) -> int:
             add(name, "pgcpu", r.get("pg_cpu_us_per_job"))
         elif sysname == "autom" and test == "enqueue_batch" and r["recipients"] in autom_rows \
                 and not (r.get("phase") or "").startswith("exp"):
-            add(autom_rows[r["recipients"]], "enq", r["jobs_per_s"])
+            add(row_name(r), "enq", r["jobs_per_s"])
         elif sysname == "autom" and test == "latency" and r["recipients"] in autom_rows:
-            add(autom_rows[r["recipients"]], "p50", r["p50_ms"])
-            add(autom_rows[r["recipients"]], "p99", r["p99_ms"])
+            add(row_name(r), "p50", r["p50_ms"])
+            add(row_name(r), "p99", r["p99_ms"])
         elif sysname in peers and test == "drain" and r.get("verified"):
             add(sysname, "drain", r["jobs_per_s"])
             add(sysname, "sts", r["jobs_per_s"])  # the peers' drain is worker start → stopped
@@ -612,7 +633,9 @@ def report(paths: list[str]) -> int:
           "worker start → stopped | 1st → last handler | drain × PGQueuer | "
           "worker CPU µs/job | PostgreSQL backends CPU µs/job | machine CPU µs/job | latency p50 ms | latency p99 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    order = [n for n in dict.fromkeys(autom_rows.values()) if n in rows] + [p for p in peers if p in rows]
+    order = [n for n in rows if n.startswith("autom ") or n.startswith("autom,")]
+    order = sorted(order, key=lambda n: (n.split(",")[0] != "autom", n.split(",")[0], "1,000" in n))
+    order += [p for p in peers if p in rows]
     for name in order:
         r = rows[name]
         d, base = med(r.get("sts", [])), med(pgq.get("sts", []))
@@ -644,6 +667,21 @@ def report(paths: list[str]) -> int:
                 parts.append(f"latency {key} {a / b:.2f}×")
         if parts:
             print(f"- {name} / PGQueuer: " + ", ".join(parts))
+        base_name = next((n for n in order if n != name and n.startswith("autom base,")
+                          and n.split(",", 1)[1] == name.split(",", 1)[1]), None)
+        if base_name and not name.startswith("autom base,"):
+            b = rows[base_name]
+            bits = []
+            for key, label in (("sts", "drain (worker start → stopped)"), ("drain", "drain (pool start → stopped)")):
+                x, y = med(r.get(key, [])), med(b.get(key, []))
+                if x and y:
+                    bits.append(f"{label} {x / y:.2f}×")
+            for key in ("p50", "p99"):
+                x, y = med(r.get(key, [])), med(b.get(key, []))
+                if x and y:
+                    bits.append(f"latency {key} {x:.1f} ms against {y:.1f} ms")
+            if bits:
+                print(f"- {name} / {base_name}: " + ", ".join(bits))
     runs = [r for r in recs if r.get("system") == "autom" and r.get("test") in ("drain", "fairness")
             and not (r.get("phase") or "").startswith("exp")]
     failed = [r for r in runs if r.get("failed")]
@@ -654,6 +692,8 @@ def report(paths: list[str]) -> int:
     for r in recs:
         if r.get("system") == "autom" and r.get("test") == "fairness" and not r.get("failed"):
             who = "recipient 'big'" if r["backlog_recipient"] else "jobs without recipient"
+            if r.get("variant"):
+                who += f" (autom {r['variant']})"
             after_ms = (r.get("secs_after_pool_start") or 0) * 1000
             print(f"- fairness, {r['backlog']}-job backlog of {who}: 'small' was claimed by claim statement "
                   f"#{(r.get('claims_before') or 0) + 1} after {r.get('claimed_before')} jobs were claimed; "
@@ -675,7 +715,8 @@ def main() -> int:
     parser.add_argument("--dsn", help="(worker) the database")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("N_JOBS", "20000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "16")))
-    parser.add_argument("--batch", type=int, default=50, help="WorkerPool(batch=...): most jobs per claim")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="WorkerPool(batch=...): most jobs per claim (default: WorkerPool's own)")
     parser.add_argument("--chunk", type=int, default=1000, help="jobs per enqueue_many call")
     parser.add_argument("--recipients", default="0,1000", help="variants: 0 = no recipient, N = N recipients")
     parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", "1")))
@@ -690,6 +731,9 @@ def main() -> int:
     parser.add_argument("--pool-kwargs", default=None,
                         help="experiments: more WorkerPool keyword arguments as JSON (for a patched copy of autom)")
     parser.add_argument("--phase", default=None, help="a label stored with each drain record")
+    parser.add_argument("--variant", default=None,
+                        help="which autom this is (e.g. 'base' for an older checkout put first on PYTHONPATH); "
+                             "report shows each variant on its own rows")
     parser.add_argument("--setup-sql", default=None, help="experiments: SQL run once after the migrations")
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--keep-db", action="store_true")

@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     from autom.logs import configure_logging
 
     configure_logging("json", "warning")
-    probe = install_probes(50)
+    probe = install_probes(None)
     offset = time.time() - time.perf_counter()  # perf_counter → wall clock, for the claim times
     claims: dict[int, tuple[float, float]] = {}
     seen: dict[int, dict[str, float]] = {}
@@ -168,7 +168,8 @@ def run_variant(dsn: str, args: argparse.Namespace, variant: str) -> None:
         wake.append(1000 * (j["claim_start"] - t_ret))
         claim.append(1000 * (j["claim_end"] - j["claim_start"]))
         dispatch.append(1000 * (j["handler"] - j["claim_end"]))
-    rec = {"system": "autom", "test": "latency", "recipients": variant, "n": len(total), "gap_ms": args.gap_ms,
+    rec = {"system": "autom", "test": "latency", "recipients": variant, "variant": args.variant,
+           "n": len(total), "gap_ms": args.gap_ms,
            **summary(total),
            "parts_p50_ms": {"enqueue": statistics.median(enq), "wake": statistics.median(wake),
                             "claim": statistics.median(claim), "dispatch": statistics.median(dispatch)},
@@ -177,7 +178,8 @@ def run_variant(dsn: str, args: argparse.Namespace, variant: str) -> None:
            "claims": result["claims"], "empty_claims": result["empty_claims"]}
     emit(rec, args.out)
     p50, p99 = rec["parts_p50_ms"], rec["parts_p99_ms"]
-    log(f"autom latency ({variant}): p50 {rec['p50_ms']:.2f} ms, p99 {rec['p99_ms']:.2f} ms "
+    who = f"autom {args.variant}" if args.variant else "autom"
+    log(f"{who} latency ({variant}): p50 {rec['p50_ms']:.2f} ms, p99 {rec['p99_ms']:.2f} ms "
         f"(min {rec['min_ms']:.2f}, max {rec['max_ms']:.2f}); p50 parts: enqueue {p50['enqueue']:.2f}, "
         f"wake {p50['wake']:.2f}, claim {p50['claim']:.2f}, dispatch {p50['dispatch']:.2f}; p99 parts: "
         f"enqueue {p99['enqueue']:.2f}, wake {p99['wake']:.2f}, claim {p99['claim']:.2f}, "
@@ -195,6 +197,7 @@ def main() -> int:
     parser.add_argument("--variants", default="none,recipient")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--variant", default=None, help="which autom this is (see drain.py --variant)")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = parser.parse_args()
     if args.command == "worker":

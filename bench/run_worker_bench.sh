@@ -16,6 +16,11 @@
 #   that does not exist; its venv BENCH_VENV [/tmp/bench/venv] is made with its
 #   setup_venv.sh when missing), AUTOM_PY [.venv/bin/python of the checkout, else python3],
 #   FAIRNESS [1], WAIT_QUIET [0] (wait up to this many seconds for a 1-min load below 1),
+#   BASE_SRC [unset]: a checkout of an older autom (e.g. `git worktree add /tmp/base <rev>`); when
+#   set, each rep also runs its drain and latency (PYTHONPATH=$BASE_SRC, rows "autom base") right
+#   after autom's, and the table gives the ratio new / base. The checkout needs
+#   `ln -s ../migrations $BASE_SRC/autom/migrations` so that it migrates with its own files.
+#   FAIRNESS_BASE [0]: the fairness figure for the base too (slow: its 'big' backlog runs one at a time),
 #   OUT [$TMPDIR/autom-worker-bench-<time>], PGHOST/PGPORT/PGUSER [127.0.0.1/5432/postgres].
 set -euo pipefail
 
@@ -86,20 +91,35 @@ autom_drain() {  # autom_drain LABEL REP [ARGS...]
     >/dev/null 2>"$OUT/autom-drain-$label.log" || { tail -20 "$OUT/autom-drain-$label.log" >&2; exit 1; }
   grep -h '^autom ' "$OUT/autom-drain-$label.log" >&2 || true
 }
+autom_latency() {  # autom_latency LABEL [ARGS...]
+  local label=$1; shift
+  "$AUTOM_PY" bench/latency.py --n "$LAT_N" --gap-ms "$LAT_GAP_MS" --workers "$WORKERS" --out "$AUTOM" "$@" \
+    >/dev/null 2>"$OUT/autom-latency-$label.log" || { tail -20 "$OUT/autom-latency-$label.log" >&2; exit 1; }
+  grep '^autom ' "$OUT/autom-latency-$label.log" >&2 || true
+}
+base() {  # base COMMAND...: run with the older checkout first on the path
+  PYTHONPATH="$BASE_SRC${PYTHONPATH:+:$PYTHONPATH}" "$@"
+}
 
 for rep in $(seq 1 "$RUNS"); do
   echo "== rep $rep/$RUNS: autom drain ($N_JOBS jobs, WORKERS=$WORKERS) ==" >&2
   autom_drain "$rep" "$rep"
   echo "== rep $rep/$RUNS: autom latency ($LAT_N jobs, ~${LAT_GAP_MS} ms apart) ==" >&2
-  "$AUTOM_PY" bench/latency.py --n "$LAT_N" --gap-ms "$LAT_GAP_MS" --workers "$WORKERS" --out "$AUTOM" \
-    >/dev/null 2>"$OUT/autom-latency-$rep.log" || { tail -20 "$OUT/autom-latency-$rep.log" >&2; exit 1; }
-  grep '^autom ' "$OUT/autom-latency-$rep.log" >&2 || true
+  autom_latency "$rep"
+  if [ -n "${BASE_SRC:-}" ]; then
+    echo "== rep $rep/$RUNS: autom base ($BASE_SRC): drain and latency ==" >&2
+    base autom_drain "base-$rep" "$rep" --variant base
+    base autom_latency "base-$rep" --variant base
+  fi
   echo "== rep $rep/$RUNS: pgqueuer (drain, concurrency $WORKERS, and latency) ==" >&2
   peers "pgqueuer-$rep" pgqueuer 1 "$([ "$rep" = 1 ] && echo 1 || echo 0)"
 done
 if [ "${FAIRNESS:-1}" = 1 ]; then
   echo "== autom fairness ==" >&2
   autom_drain fairness 1 --recipients "" --fairness --no-warmup
+  if [ -n "${BASE_SRC:-}" ] && [ "${FAIRNESS_BASE:-0}" = 1 ]; then
+    base autom_drain fairness-base 1 --recipients "" --fairness --no-warmup --variant base
+  fi
 fi
 if [ -n "$OTHER_PEERS" ]; then
   echo "== peers: $OTHER_PEERS (RUNS=$RUNS) ==" >&2

@@ -28,7 +28,10 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):
 -- at most one per recipient, recipients in least-recently-served order, a
 -- recipient only while it has no unexpired running job; recipient-less jobs by
--- due time. Each claim takes a new lease generation and counts an attempt.
+-- due time. The two lanes take turns (see pick), so a backlog in one cannot hold
+-- back the other. Each claim takes a new lease generation and counts an attempt.
+-- The claim commits synchronously (unlike complete, renew and release): see
+-- autom/jobs/store.py.
 with idle as (
     -- recipients at the front of the line with nothing due: retire them until their
     -- next job is due, so the fair walk does not trip over drained recipients
@@ -50,10 +53,10 @@ retire as (
     update recipients r set next_due_at = i.next_run from idle i where r.recipient = i.recipient
 ),
 rc as (
-    select r.recipient, h.id, h.run_at
+    select r.recipient, h.id, r.last_served
     from recipients r
     cross join lateral (
-        select j.id, j.run_at from jobs j
+        select j.id from jobs j
         where j.recipient = r.recipient and j.due_at is not null and j.due_at <= now()
         order by j.run_at
         limit 1
@@ -64,14 +67,27 @@ rc as (
     for update of r skip locked
 ),
 nc as (
-    select null::text as recipient, j.id, j.run_at from jobs j
+    select j.id, j.due_at from jobs j
     where j.recipient is null and j.due_at <= now()
     order by j.due_at
     limit %(n)s
     for update skip locked
 ),
 pick as (
-    select * from (select * from rc union all select * from nc) x order by run_at limit %(n)s
+    -- The lanes take turns: each lane's first, then each lane's second, and so on,
+    -- so when both have work each gets at least floor(n/2) of the claim (the rest
+    -- goes to whichever has more). A coin decides which lane goes first within a
+    -- turn: with n = 1 neither lane can starve the other either. Ordering the two
+    -- lanes together by run_at instead let a recipient-less backlog hold every
+    -- recipient back until it had drained (bench/RESULTS.md, Fairness).
+    select x.id
+    from (
+        select id, row_number() over (order by last_served nulls first) as turn, true as fair from rc
+        union all
+        select id, row_number() over (order by due_at) as turn, false as fair from nc
+    ) x, (select random() < 0.5 as fair_first) coin
+    order by x.turn, x.fair <> coin.fair_first
+    limit %(n)s
 ),
 claimed as (
     update jobs j
@@ -90,6 +106,9 @@ select * from claimed order by run_at, id;
 
 -- name: complete_many
 -- Mark claims done; only a claim that still holds its lease generation counts.
+-- "more": the job's recipient has another job due now (its turn came with this
+-- completion, so the worker should claim again). Asynchronous commit: see
+-- autom/jobs/store.py (set_config(..., true) lasts until this statement's commit).
 with d as (
     update jobs set status = 'done', finished_at = now(), updated_at = now()
      where (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
@@ -99,8 +118,15 @@ with d as (
 free as (
     update recipients r set busy_until = null
       from d where r.recipient = d.recipient and r.busy_until = d.locked_until
-)
-select id from d;
+),
+sync as (select set_config('synchronous_commit', 'off', true))
+select d.id,
+       -- the recipient's head (jobs_recipient_head walks it in run_at order) is due
+       d.recipient is not null and (
+           select min(j.run_at) from jobs j
+            where j.recipient = d.recipient and j.due_at is not null and j.status = 'pending'
+       ) <= now() as more
+from d, sync;
 
 -- name: retry_later
 -- A transient failure: back to pending at now + delay (fenced by lease generation).
@@ -134,6 +160,7 @@ select id from f;
 -- name: release_many
 -- Shutdown: put unfinished claims back to pending at once; the interrupted attempt
 -- is not counted (attempts - 1), run_at is kept so the job keeps its place.
+-- Asynchronous commit (see complete_many).
 with f as (
     update jobs set status = 'pending', attempts = greatest(attempts - 1, 0), updated_at = now(),
                     last_error = coalesce(%(reason)s, last_error)
@@ -147,13 +174,14 @@ free as (
            next_due_at = least(r.next_due_at, f.run_at), ver = r.ver + 1
       from f where r.recipient = f.recipient
 ),
-wake as (select pg_notify('autom_jobs', '') from f limit 1)
-select id from f, (select count(*) from wake) w;
+wake as (select pg_notify('autom_jobs', '') from f limit 1),
+sync as (select set_config('synchronous_commit', 'off', true))
+select id from f, (select count(*) from wake) w, sync;
 
 -- name: renew_many
 -- Extend the leases this process holds; returns the claims still held (a missing
 -- one was lost: its lease expired and another claim took the job). The
--- recipient stays busy at least as long as the lease.
+-- recipient stays busy at least as long as the lease. Asynchronous commit (see complete_many).
 with r as (
     update jobs j set locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
       from (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]) as t (id, lease)) t
@@ -163,8 +191,9 @@ with r as (
 busy as (
     update recipients rc set busy_until = greatest(rc.busy_until, r.locked_until)
       from r where rc.recipient = r.recipient
-)
-select id, locked_until from r;
+),
+sync as (select set_config('synchronous_commit', 'off', true))
+select r.id, r.locked_until from r, sync;
 
 -- name: get_job
 select id, kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,

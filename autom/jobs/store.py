@@ -5,6 +5,29 @@ the lease generation: a claim increments ``lease``, and complete/fail/renew only
 match ``(id, lease, status='running')``, so a worker whose lease expired and whose
 job was claimed again changes nothing when it wakes up.
 
+Complete, renew and release commit with ``synchronous_commit = off``, set inside
+each statement for its own transaction only (``set_config(..., true)``): the
+commit returns before its WAL is flushed, and a crash of the *server* (not of a
+worker) can lose the last fraction of a second of these writes, never a job, and
+never the fencing:
+
+- a lost completion leaves the job running under the same lease; it is claimed
+  again when the lease expires (generation + 1) and runs again, which
+  at-least-once allows; the handler's effect was not lost, only its record;
+- a lost renewal only shortens a lease (the next renewal comes at lease/3; if the
+  lease runs out, that is the ordinary lost-lease case);
+- a lost release leaves the job running under its lease: it comes back when the
+  lease expires, as if the release had not been tried.
+
+None of them changes the generation, so none can hand one out twice. The claim,
+enqueue (the intake's 202 promises the event and its jobs are on disk) and fail
+keep the server's setting. A claim committed asynchronously and lost in a crash
+would give its generation again to the next claim of the job, while the lost
+claim's worker might still complete or fail with it; and it measured no faster
+here (bench/RESULTS.md, Worker): the claim stays durable. Whatever is committed
+after one of these writes durably (an enqueue, a claim) flushes it too: the WAL
+is written in order.
+
 The ``*_sync`` helpers take a psycopg connection so they can run inside a caller's
 transaction (the intake stores an event and its jobs in one transaction).
 """
@@ -62,7 +85,7 @@ def jobs_json(jobs: Sequence[NewJob]) -> str:
 def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> list[int]:
     """Insert ``jobs`` on ``conn`` (in its transaction); returns the ids of those created.
 
-    A job whose key exists already is skipped (``on conflict (key) do nothing``).
+    A job whose key exists already is skipped (``on conflict (key) where key is not null do nothing``).
     """
     if not jobs:
         return []
@@ -70,11 +93,8 @@ def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> l
 
 
 def _job(row: dict[str, Any]) -> Job:
-    return Job(
-        id=row["id"], kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
-        max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
-        recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"],
-    )
+    # the claim returns exactly Job's fields, by name
+    return Job(**row)
 
 
 @dataclass(frozen=True)
@@ -137,11 +157,17 @@ class JobStore:
 
     async def complete_many(self, jobs: Iterable[Job]) -> set[int]:
         """Mark several claims done in one statement; returns the ids that were still held."""
+        held, _more = await self.complete_batch(jobs)
+        return held
+
+    async def complete_batch(self, jobs: Iterable[Job]) -> tuple[set[int], bool]:
+        """``complete_many``, and whether a recipient freed by it has another job due now
+        (then a claim can find work; otherwise these completions freed nothing to claim)."""
         jobs = list(jobs)
         if not jobs:
-            return set()
+            return set(), False
         rows = await self.db.fetch_all(Q.complete_many, _claims(jobs))
-        return {row["id"] for row in rows}
+        return {row["id"] for row in rows}, any(row["more"] for row in rows)
 
     async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
         """Record a failed attempt: retry later with backoff, or fail for good.
