@@ -5,8 +5,9 @@ one, in one transaction. These tests hold a hop in flight for as long as they
 need by locking the ``events`` table from another connection (no timing), then
 check what the batch did: every delivery its own answer, a redelivery inside
 the batch answered as a duplicate with no jobs, one delivery PostgreSQL refuses
-failing alone, a cancelled request leaving the queue, and the database going
-away mid-batch: 503 for all of it and nothing stored.
+failing alone, a cancelled request leaving the queue, a leader cancelled
+mid-hop still storing and answering the others, and the database going away
+mid-batch: 503 for all of it and nothing stored.
 """
 
 from __future__ import annotations
@@ -164,6 +165,56 @@ async def test_a_cancelled_request_leaves_the_queue_and_is_not_stored(db: Any, d
     assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
     # and the batcher is idle again, not waiting for a leader that is gone
     assert (await batcher.store(params(3)))[0] is not None
+
+
+async def waiting_on_events_lock(db: Any, n: int) -> None:
+    """Until ``n`` sessions wait for a lock on ``events``."""
+    query = "select count(*) from pg_locks where relation = 'events'::regclass and not granted"
+    while await db.fetch_val(query) < n:
+        await trio.sleep(0.005)
+
+
+async def test_a_leader_cancelled_mid_hop_still_stores_and_answers_its_batch(db: Any, dsn: str) -> None:
+    """The hop runs shielded: the sender that leads it gave up, the others in it did not."""
+    batcher = StoreBatcher(db)
+    results: dict[int, Any] = {}
+    leader_scope: list[trio.CancelScope] = []
+
+    async def one(n: int) -> None:
+        with trio.CancelScope() as scope:
+            if n == 1:
+                leader_scope.append(scope)
+            results[n] = await batcher.store(params(n))
+
+    second_lock = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn))
+
+    async def take_second_lock() -> None:
+        await trio.to_thread.run_sync(lambda: second_lock.execute("lock table events in exclusive mode"))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            async with events_locked(dsn):
+                nursery.start_soon(one, 0)  # hop 1, held by the first lock
+                await waiting_on_events_lock(db, 1)
+                nursery.start_soon(one, 1)  # queued first: leads hop 2, for itself and 2
+                await wait_queued(batcher, 1)
+                nursery.start_soon(one, 2)
+                await wait_queued(batcher, 2)
+                # a second lock, queued behind hop 1's insert, holds hop 2 once hop 1 is done
+                nursery.start_soon(take_second_lock)
+                await waiting_on_events_lock(db, 2)
+            while batcher.hops_run < 2:  # hop 1 committed; 1 leads hop 2
+                await trio.sleep(0.005)
+            await waiting_on_events_lock(db, 1)  # hop 2 waits for the second lock
+            leader_scope[0].cancel()
+            await trio.sleep(0.05)
+            assert 1 not in results and 2 not in results  # hop 2 still in flight, not abandoned
+            await trio.to_thread.run_sync(second_lock.rollback)
+    finally:
+        await trio.to_thread.run_sync(second_lock.close)
+    assert set(results) == {0, 1, 2}
+    assert all(event_id is not None for event_id, _ in results.values())
+    assert await count_rows(db, "events") == 3
 
 
 def test_batch_items_keep_bodies_exact() -> None:
