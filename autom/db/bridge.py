@@ -31,6 +31,17 @@ call triggers the same sweep. psycopg_pool reconnects in the background, with a
 short ``reconnect_timeout`` so that a long outage does not leave it sleeping in
 its backoff once the server is back (see ``open_database``). While the server
 is down, calls fail with ``DatabaseUnavailable`` after ``pool_timeout``.
+
+Prepared statements. ``execute``/``fetch_*`` take psycopg's ``prepare``: with
+``True`` the statement is prepared at its first run on each pool connection
+(psycopg's per-connection cache; by default only at the 6th run on the same
+connection, which a rotating pool rarely reaches), then runs without parsing,
+and after PostgreSQL's five custom plans with its cached plan. Use it for single
+autocommit statements run often (the queue's claim, complete, renew, release,
+enqueue; the intake's store): a ``run`` transaction's BEGIN and COMMIT cost what
+preparing saves (bench/RESULTS.md, Worker). A connection replaced after a
+restart starts with an empty cache and prepares again; a statement whose run
+failed is dropped from the cache and prepared under a new name next time.
 """
 
 from __future__ import annotations
@@ -165,20 +176,35 @@ def _has_unread_input(conn: Conn) -> bool:
         return True  # closed or unusable: let the real check decide
 
 
-def _execute(conn: Conn, query: Query, params: Params | None) -> int:
-    return conn.execute(query, params).rowcount
+def _run_statement(conn: Conn, query: Query, params: Params | None, prepare: bool | None) -> psycopg.Cursor[Row]:
+    if prepare and isinstance(query, str):
+        seen: set[str] = vars(conn).setdefault("_autom_prepared", set())
+        if query not in seen:
+            # The first run on this connection. psycopg alone would send the PREPARE
+            # and wait for it, then the EXECUTE: two round trips, two implicit
+            # transactions. In a pipeline both go with one Sync, as an unprepared
+            # statement would (only the first run: the pipeline costs ~40 us a call).
+            with conn.pipeline():
+                cursor = conn.execute(query, params, prepare=True)
+            seen.add(query)
+            return cursor
+    return conn.execute(query, params, prepare=prepare)
 
 
-def _fetch_all(conn: Conn, query: Query, params: Params | None) -> list[Row]:
-    return conn.execute(query, params).fetchall()
+def _execute(conn: Conn, query: Query, params: Params | None, prepare: bool | None = None) -> int:
+    return _run_statement(conn, query, params, prepare).rowcount
 
 
-def _fetch_one(conn: Conn, query: Query, params: Params | None) -> Row | None:
-    return conn.execute(query, params).fetchone()
+def _fetch_all(conn: Conn, query: Query, params: Params | None, prepare: bool | None = None) -> list[Row]:
+    return _run_statement(conn, query, params, prepare).fetchall()
 
 
-def _fetch_val(conn: Conn, query: Query, params: Params | None) -> Any:
-    row = conn.execute(query, params).fetchone()
+def _fetch_one(conn: Conn, query: Query, params: Params | None, prepare: bool | None = None) -> Row | None:
+    return _run_statement(conn, query, params, prepare).fetchone()
+
+
+def _fetch_val(conn: Conn, query: Query, params: Params | None, prepare: bool | None = None) -> Any:
+    row = _run_statement(conn, query, params, prepare).fetchone()
     return None if row is None else next(iter(row.values()), None)
 
 
@@ -238,21 +264,25 @@ class Database:
         """
         return await self._pooled(fn, args, in_transaction=True)
 
-    async def execute(self, query: Query, params: Params | None = None) -> int:
-        """Run one statement in its own transaction; return its row count."""
-        return await self._pooled(_execute, (query, params))
+    async def execute(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> int:
+        """Run one statement in its own transaction; return its row count.
 
-    async def fetch_all(self, query: Query, params: Params | None = None) -> list[Row]:
-        """Every row of one statement, as dicts."""
-        return await self._pooled(_fetch_all, (query, params))
+        ``prepare``: psycopg's (see the module docstring, Prepared statements):
+        True prepares the statement at its first run on each connection.
+        """
+        return await self._pooled(_execute, (query, params, prepare))
 
-    async def fetch_one(self, query: Query, params: Params | None = None) -> Row | None:
-        """The first row of one statement, or ``None``."""
-        return await self._pooled(_fetch_one, (query, params))
+    async def fetch_all(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> list[Row]:
+        """Every row of one statement, as dicts (``prepare`` as for ``execute``)."""
+        return await self._pooled(_fetch_all, (query, params, prepare))
 
-    async def fetch_val(self, query: Query, params: Params | None = None) -> Any:
-        """The first column of the first row, or ``None`` when there is no row."""
-        return await self._pooled(_fetch_val, (query, params))
+    async def fetch_one(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> Row | None:
+        """The first row of one statement, or ``None`` (``prepare`` as for ``execute``)."""
+        return await self._pooled(_fetch_one, (query, params, prepare))
+
+    async def fetch_val(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> Any:
+        """The first column of the first row, or ``None`` when there is no row (``prepare`` as for ``execute``)."""
+        return await self._pooled(_fetch_val, (query, params, prepare))
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:

@@ -138,12 +138,17 @@ class JobStore:
 
     async def enqueue_many(self, jobs: Sequence[NewJob], tx: Tx | None = None) -> list[int]:
         """Create several jobs in one statement; returns the ids created (skipped keys omitted)."""
-        runner: Database | Tx = tx if tx is not None else self.db
-        return await runner.run(insert_jobs_sync, list(jobs))
+        if tx is not None:
+            return await tx.run(insert_jobs_sync, list(jobs))
+        if not jobs:
+            return []
+        # one autocommit statement (atomic on its own): no BEGIN/COMMIT round trips
+        rows = await self.db.fetch_all(Q.enqueue_many, {"jobs": jobs_json(jobs)}, prepare=True)
+        return [row["id"] for row in rows]
 
     async def claim(self, n: int = 1) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time)."""
-        rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
+        rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds}, prepare=True)
         return [_job(row) for row in rows]
 
     async def claim_one(self) -> Job | None:
@@ -166,7 +171,7 @@ class JobStore:
         jobs = list(jobs)
         if not jobs:
             return set(), False
-        rows = await self.db.fetch_all(Q.complete_many, _claims(jobs))
+        rows = await self.db.fetch_all(Q.complete_many, _claims(jobs), prepare=True)
         return {row["id"] for row in rows}, any(row["more"] for row in rows)
 
     async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
@@ -200,7 +205,7 @@ class JobStore:
         if not jobs:
             return {}
         params = {**_claims(jobs), "lease_seconds": self.lease_seconds}
-        rows = await self.db.fetch_all(Q.renew_many, params)
+        rows = await self.db.fetch_all(Q.renew_many, params, prepare=True)
         return {row["id"]: row["locked_until"] for row in rows}
 
     async def release(self, jobs: Iterable[Job], reason: str | None = None) -> set[int]:
@@ -208,7 +213,7 @@ class JobStore:
         jobs = list(jobs)
         if not jobs:
             return set()
-        rows = await self.db.fetch_all(Q.release_many, {**_claims(jobs), "reason": reason})
+        rows = await self.db.fetch_all(Q.release_many, {**_claims(jobs), "reason": reason}, prepare=True)
         return {row["id"] for row in rows}
 
     async def get(self, job_id: int) -> dict[str, Any] | None:

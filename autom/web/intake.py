@@ -248,7 +248,7 @@ class StoreBatcher:
         if delivery.lead:
             await self._lead()
         if delivery.alone:
-            return _outcome(await self._db.fetch_one(Q.intake_store, params))
+            return _outcome(await self._db.fetch_one(Q.intake_store, params, prepare=True))
         if delivery.error is not None:
             raise delivery.error
         assert delivery.outcome is not None
@@ -279,12 +279,13 @@ class StoreBatcher:
         if len(batch) == 1:
             (delivery,) = batch
             try:
-                delivery.outcome = _outcome(await self._db.fetch_one(Q.intake_store, delivery.params))
+                delivery.outcome = _outcome(await self._db.fetch_one(Q.intake_store, delivery.params, prepare=True))
             except Exception as exc:
                 delivery.error = exc
             return
         try:
-            rows = await self._db.fetch_all(Q.intake_store_many, {"items": batch_items(d.params for d in batch)})
+            rows = await self._db.fetch_all(
+                Q.intake_store_many, {"items": batch_items(d.params for d in batch)}, prepare=True)
         except DatabaseUnavailable as exc:
             for delivery in batch:  # nothing of the batch was stored: 503 for each
                 delivery.error = DatabaseUnavailable(str(exc))

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -121,6 +122,23 @@ async def test_open_database_fails_fast_when_nobody_listens() -> None:
         async with open_database("postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=1.0):
             pass  # pragma: no cover
     assert time.monotonic() - started < 5
+
+
+async def test_prepare_prepares_at_the_first_run_on_a_connection(empty_dsn: str) -> None:
+    query = "select %s::int + 1 as n /* prepared-once */"
+    async with open_database(empty_dsn, min_size=1, max_size=1) as db:
+        assert await db.fetch_val(query, [1], prepare=True) == 2
+        prepared = "select count(*) from pg_prepared_statements where statement like '%%prepared-once%%'"
+        assert await db.fetch_val(prepared) == 1
+        # the same statement again runs the prepared one (no second PREPARE)
+        assert await db.fetch_all(query, [2], prepare=True) == [{"n": 3}]
+        assert await db.fetch_one(query, [3], prepare=True) == {"n": 4}
+        assert await db.execute(query, [4], prepare=True) == 1
+        assert await db.fetch_val(prepared) == 1
+        # an error of a prepared statement propagates unchanged and leaves it usable
+        with pytest.raises(errors.NumericValueOutOfRange):
+            await db.fetch_val(query, [2**31 - 1], prepare=True)
+        assert await db.fetch_val(query, [5], prepare=True) == 6
 
 
 # -- 2. trio cancellation reaches the server ----------------------------------
@@ -378,6 +396,56 @@ async def test_survives_a_real_server_restart(throwaway_server: ThrowawayServer)
         await trio.to_thread.run_sync(pg.stop)
         await trio.to_thread.run_sync(pg.start)
         assert await call_until_ok(db) <= 2
+
+
+async def test_prepared_statements_survive_terminated_backends_and_a_cancel(empty_dsn: str) -> None:
+    name = unique_name("prep")
+    query = "select %s::int as n from pg_sleep(%s)"
+    async with open_database(empty_dsn, min_size=2, max_size=2, name=name) as db:
+        async with trio.open_nursery() as nursery:  # prepared on both connections
+            for i in range(2):
+                nursery.start_soon(partial(db.fetch_val, query, [i, 0.05], prepare=True))
+        # cancelled mid-run on the server: the next runs of the statement work
+        with trio.move_on_after(0.2) as scope:
+            await db.fetch_all(query, [0, 5], prepare=True)
+        assert scope.cancelled_caught
+        for i in range(4):
+            assert await db.fetch_one(query, [i, 0], prepare=True) == {"n": i}
+        # new connections (the old backends and their statements are gone): prepared anew
+        assert await terminate_backends(empty_dsn, name) == 2
+        failures = 0
+        for i in range(10):
+            try:
+                assert await db.fetch_val(query, [i, 0], prepare=True) == i
+            except DatabaseUnavailable:
+                failures += 1
+        assert failures <= 2
+
+
+async def test_prepared_statements_survive_a_real_server_restart(throwaway_server: ThrowawayServer) -> None:
+    pg = throwaway_server
+    query = "select %s::int * 2 as n"
+    slow = "select %s::int * 2 as n from pg_sleep(0.05)"
+    async with open_database(pg.dsn, min_size=2, max_size=3, pool_timeout=1.0, connect_timeout=2.0) as db:
+        async with trio.open_nursery() as nursery:  # prepared on every connection
+            for i in range(3):
+                nursery.start_soon(partial(db.fetch_all, slow, [i], prepare=True))
+        for i in range(6):
+            assert await db.fetch_val(query, [i], prepare=True) == 2 * i
+
+        await trio.to_thread.run_sync(pg.stop)
+        await trio.to_thread.run_sync(pg.start)
+
+        # the same Database: what fails is DatabaseUnavailable, never "prepared
+        # statement ... does not exist" (the new connections prepare again)
+        failures = 0
+        for i in range(20):
+            try:
+                assert await db.fetch_val(query, [i], prepare=True) == 2 * i
+            except DatabaseUnavailable:
+                failures += 1
+        assert failures <= 2
+        assert await db.fetch_all(slow, [7], prepare=True) == [{"n": 14}]
 
 
 # -- 6. LISTEN ----------------------------------------------------------------
