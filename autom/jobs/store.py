@@ -122,8 +122,13 @@ class JobStore:
         lease_seconds: float = 60.0,
         retry: RetryPolicy | None = None,
         rand: Callable[[], float] = random.random,
+        claim_db: Database | None = None,
     ) -> None:
         self.db = db
+        #: where claims run: the service gives the fetcher a connection of its own
+        #: (``app.py``), so the claim stays prepared and planned on it (bench/RESULTS.md,
+        #: Worker); ``db`` when not given
+        self.claim_db = claim_db or db
         self.lease_seconds = float(lease_seconds)
         self.retry = retry or RetryPolicy()
         self._rand = rand
@@ -148,7 +153,7 @@ class JobStore:
 
     async def claim(self, n: int = 1) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time)."""
-        rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds}, prepare=True)
+        rows = await self.claim_db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds}, prepare=True)
         return [_job(row) for row in rows]
 
     async def claim_one(self) -> Job | None:
