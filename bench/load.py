@@ -1,7 +1,7 @@
 """Load without loss: a burst far faster than the workers drain it; RSS, intake p99, and a full drain.
 
     python bench/load.py [--events 30000] [--chats 1000] [--connections 32] [--rounds 2]
-                         [--workers 8] [--settle 20] [--admin-dsn DSN] [--json FILE]
+                         [--workers 8] [--settle 20] [--admin-dsn DSN] [--json FILE] [--keep]
 
 What one run does:
 
@@ -132,6 +132,10 @@ class Round:
     cpu_drain_pct: float = 0.0
     loadavg_1m: float = 0.0
     stall: list[dict[str, Any]] = field(default_factory=list)
+    stall_sessions: list[dict[str, Any]] = field(default_factory=list)
+    #: the longest time the backlog stood still after the burst (s), and its level then
+    stall_s: float = 0.0
+    stall_backlog: int = 0
 
 
 @dataclass
@@ -217,15 +221,24 @@ async def run_wrk(url: str, dsn: str, script: Path, round_: Round, events: int, 
     round_.p50_ms, round_.p99_ms, round_.p999_ms, round_.max_ms = p50 / 1e3, p99 / 1e3, p999 / 1e3, worst / 1e3
 
 
-def snapshot_backlog(dsn: str) -> list[dict[str, Any]]:
-    """The jobs still due or running, with their recipient's row (for a backlog that stopped moving)."""
+#: the jobs still due or running, with their recipient's row (for a backlog that stopped moving)
+STALLED_JOBS = (
+    "select j.id, j.status, j.attempts, j.lease, now() - j.run_at as waited,"
+    " j.locked_until - now() as lease_left, j.recipient, r.busy_until - now() as busy_left,"
+    " r.next_due_at - now() as next_due_in, r.last_served,"
+    " j.last_error from jobs j left join recipients r using (recipient)"
+    " where j.due_at is not null order by j.id limit 20")
+#: what the database's other sessions are doing (a claim waiting on a lock, a transaction left open)
+SESSIONS = (
+    "select pid, state, wait_event_type, wait_event, now() - xact_start as in_xact,"
+    " now() - state_change as in_state, left(regexp_replace(query, '\\s+', ' ', 'g'), 90) as query"
+    " from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+    " order by xact_start nulls last")
+
+
+def snapshot(dsn: str, query: str) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        return list(conn.execute(
-            "select j.id, j.status, j.attempts, j.lease, now() - j.run_at as waited,"
-            " j.locked_until - now() as lease_left, j.recipient, r.busy_until - now() as busy_left,"
-            " r.next_due_at - now() as next_due_in, r.last_served,"
-            " j.last_error from jobs j left join recipients r using (recipient)"
-            " where j.due_at is not null order by j.id limit 20"))
+        return list(conn.execute(query))
 
 
 def _events(conn: psycopg.Connection[Any]) -> int:
@@ -267,12 +280,17 @@ async def load(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str, An
                         recent = [b for t, _, b in sampler.samples[-4:] if t > round_.burst_ended]
                         if len(recent) == 4 and len(set(recent)) == 1 and not round_.stall:
                             # the backlog has not moved for 3 s: note what is waiting, and why
-                            round_.stall = await trio.to_thread.run_sync(snapshot_backlog, dsn)
-                            print(f"  backlog stuck at {backlog}: {json.dumps(round_.stall, default=str)[:2000]}",
-                                  flush=True)
+                            round_.stall = await trio.to_thread.run_sync(snapshot, dsn, STALLED_JOBS)
+                            round_.stall_sessions = await trio.to_thread.run_sync(snapshot, dsn, SESSIONS)
+                            print(f"  backlog stuck at {backlog} at {time.strftime('%H:%M:%S')}: "
+                                  f"{json.dumps(round_.stall, default=str)[:3000]}\n  sessions: "
+                                  f"{json.dumps(round_.stall_sessions, default=str)[:3000]}", flush=True)
                         await trio.sleep(0.2)
                 drained = sampler.last()[0]
                 round_.drained_after_s = drained - round_.burst_ended
+                round_.stall_s, round_.stall_backlog = longest_still(sampler.between(round_.burst_ended, drained))
+                if round_.stall_s >= 3.0:
+                    print(f"  the backlog stood still {round_.stall_s:.0f}s at {round_.stall_backlog}", flush=True)
                 round_.rss_drained_mb = sampler.last()[1]
                 print(f"  backlog drained {round_.drained_after_s:.1f}s after the burst", flush=True)
                 await trio.sleep(args.settle)
@@ -296,6 +314,17 @@ async def load(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str, An
                        for t, rss, backlog in sampler.samples],
         "exit_code": exit_code,
     }
+
+
+def longest_still(samples: list[tuple[float, float, int]]) -> tuple[float, int]:
+    """The longest stretch (s) in which the backlog did not change, and its level then (0 excluded)."""
+    best, level, start = 0.0, 0, None
+    for i, (t, _, backlog) in enumerate(samples):
+        if i == 0 or backlog != samples[i - 1][2]:
+            start = t
+        if backlog and start is not None and t - start > best:
+            best, level = t - start, backlog
+    return best, level
 
 
 def alive(proc: AutomProcess) -> None:
@@ -356,6 +385,8 @@ def print_report(result: dict[str, Any]) -> bool:
               f"{r['rss_settled_mb']:.1f} | {r['cpu_burst_pct']:.0f} / {r['cpu_drain_pct']:.0f} |")
     print("load average (1 min) at the end of each round: "
           + ", ".join(f"{r['loadavg_1m']:.2f}" for r in rows) + f" on {os.cpu_count()} cores")
+    print("longest time the backlog stood still during a drain: "
+          + ", ".join(f"round {r['number']}: {r['stall_s']:.0f}s at {r['stall_backlog']}" for r in rows))
     print("\nRSS (MB) and backlog every 5 s: " + "  ".join(
         f"{t:.0f}s {rss:.0f}MB/{backlog}" for t, rss, backlog in result["rss_series"][::5]))
     print()
@@ -378,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=600.0)
     parser.add_argument("--admin-dsn", default=os.environ.get("AUTOM_BENCH_ADMIN_DSN", DEFAULT_ADMIN_DSN))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the server log (kept anyway after a stall)")
     args = parser.parse_args(argv)
     if args.events % args.chats:
         parser.error("--events must be a multiple of --chats")
@@ -392,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         conn.execute(f'create database "{name}"')
     dsn = make_conninfo(args.admin_dsn, dbname=name)
     folder = Path(tempfile.mkdtemp(prefix="autom-load-"))
+    keep = True  # until the run ended well
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             apply_migrations_sync(conn)
@@ -402,9 +435,14 @@ def main(argv: list[str] | None = None) -> int:
         log = next(folder.glob("*.stderr.log"), None)
         if log is not None:
             print(f"server log: {log.stat().st_size / 2**20:.1f} MB of JSON lines", flush=True)
+        stalled = any(r["stall_s"] >= 3.0 for r in result["rounds"])
+        keep = args.keep or stalled or not ok
         return 0 if ok else 1
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if keep:
+            print(f"logs kept in {folder}", flush=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
         with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
             conn.execute(f'drop database if exists "{name}" with (force)')
 
