@@ -136,6 +136,10 @@ class Round:
     #: the longest time the backlog stood still after the burst (s), and its level then
     stall_s: float = 0.0
     stall_backlog: int = 0
+    #: the longest time between two job completions (finished_at) after the burst, and when
+    #: it ended (s after the burst); a stall shorter than the sampler's 1 s shows here too
+    longest_gap_s: float = 0.0
+    longest_gap_ended_s: float = 0.0
 
 
 @dataclass
@@ -306,6 +310,7 @@ async def load(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str, An
         proc.terminate()
         exit_code = await proc.wait(timeout=30)
         calls = stub_calls(stub)
+    await trio.to_thread.run_sync(completion_gaps, dsn, rounds)
     checks = verify(dsn, rounds, args, calls, exit_code)
     return {
         "rounds": [r.__dict__ for r in rounds],
@@ -340,6 +345,20 @@ def stub_calls(stub: TelegramStub) -> dict[str, int]:
         chat = str(call.params.get("chat_id"))
         counts[chat] = counts.get(chat, 0) + 1
     return counts
+
+
+def completion_gaps(dsn: str, rounds: list[Round]) -> None:
+    """Per round: the longest pause between two completions from the burst's end to the last job."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for r in rounds:
+            row = conn.execute(
+                "select extract(epoch from gap)::float8, extract(epoch from at)::float8 from ("
+                " select finished_at - lag(finished_at) over (order by finished_at) as gap, finished_at as at"
+                " from jobs where finished_at >= to_timestamp(%s) and finished_at <= to_timestamp(%s)) g"
+                " where gap is not null order by gap desc limit 1",
+                (r.burst_ended, r.burst_ended + r.drained_after_s + 1.0)).fetchone()
+            if row is not None:
+                r.longest_gap_s, r.longest_gap_ended_s = row[0], row[1] - r.burst_ended
 
 
 def verify(dsn: str, rounds: list[Round], args: argparse.Namespace, calls: dict[str, int],
@@ -387,6 +406,9 @@ def print_report(result: dict[str, Any]) -> bool:
           + ", ".join(f"{r['loadavg_1m']:.2f}" for r in rows) + f" on {os.cpu_count()} cores")
     print("longest time the backlog stood still during a drain: "
           + ", ".join(f"round {r['number']}: {r['stall_s']:.0f}s at {r['stall_backlog']}" for r in rows))
+    print("longest pause between two completions after the burst: "
+          + ", ".join(f"round {r['number']}: {r['longest_gap_s'] * 1000:.0f} ms "
+                      f"(ending {r['longest_gap_ended_s']:.1f}s after the burst)" for r in rows))
     print("\nRSS (MB) and backlog every 5 s: " + "  ".join(
         f"{t:.0f}s {rss:.0f}MB/{backlog}" for t, rss, backlog in result["rss_series"][::5]))
     print()
