@@ -90,11 +90,13 @@ pick as (
     limit %(n)s
 ),
 claimed as (
+    -- "= any (array(...))", not a join with pick: the claim runs prepared, and once
+    -- PostgreSQL uses its generic plan (limit unknown) the join hashed a sequential
+    -- scan of jobs: 13.7 against 6.1 ms for a claim of 63 out of a 20,000-job backlog
     update jobs j
        set status = 'running', attempts = j.attempts + 1, lease = j.lease + 1,
            locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
-      from pick p
-     where j.id = p.id and j.due_at <= now()
+     where j.id = any (array(select id from pick)) and j.due_at <= now()
     returning j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease, j.locked_until,
               j.recipient, j.key, j.event_id, j.run_at
 ),
