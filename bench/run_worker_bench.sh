@@ -30,7 +30,7 @@ export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postg
 RUNS=${RUNS:-3}
 export N_JOBS=${N_JOBS:-20000} WORKERS=${WORKERS:-16} LAT_N=${LAT_N:-200} LAT_GAP_MS=${LAT_GAP_MS:-50}
 export AUTOM_BENCH_ADMIN_DSN=${AUTOM_BENCH_ADMIN_DSN:-postgresql://$PGUSER@$PGHOST:$PGPORT/postgres}
-OTHER_PEERS=${OTHER_PEERS:-"limit procrastinate"}
+OTHER_PEERS=${OTHER_PEERS-"limit procrastinate"}  # OTHER_PEERS="" runs none
 PEERS_SRC=${PEERS_SRC:-$(cd "$(dirname "$0")/../.." && pwd)/shared/bench-peers}
 PEERS_DIR=${PEERS_DIR:-/tmp/bench-peers}
 if [ -z "${AUTOM_PY:-}" ]; then
