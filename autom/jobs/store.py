@@ -129,7 +129,6 @@ class JobStore:
         #: (``app.py``), so the claim stays prepared and planned on it (bench/RESULTS.md,
         #: Worker); ``db`` when not given
         self.claim_db = claim_db or db
-        self._backlog = False  # the last claim came back full
         self.lease_seconds = float(lease_seconds)
         self.retry = retry or RetryPolicy()
         self._rand = rand
@@ -154,13 +153,11 @@ class JobStore:
 
     async def claim(self, n: int = 1) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time)."""
-        # Prepared (its plan cached) after an idle spell, where planning was most of a
-        # small claim; after a full claim (a backlog) unprepared, planned for this n
-        # and the queue as it is now: PostgreSQL's cached plan, chosen while idle,
-        # made claims from a backlog slower (bench/RESULTS.md, Worker).
+        # Always prepared: parsing this statement is a large part of a claim's cost
+        # even when PostgreSQL plans it anew (an unprepared claim from a backlog doubled
+        # PostgreSQL's CPU per job in the drain, bench/RESULTS.md, Worker).
         params = {"n": n, "lease_seconds": self.lease_seconds}
-        rows = await self.claim_db.fetch_all(Q.claim, params, prepare=not self._backlog)
-        self._backlog = len(rows) >= n
+        rows = await self.claim_db.fetch_all(Q.claim, params, prepare=True)
         return [_job(row) for row in rows]
 
     async def claim_one(self) -> Job | None:
