@@ -109,15 +109,9 @@ async def run_service(
     # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
     # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on
     # the bridge's limiter (one slot per pool connection), not on this timeout.
-    # The fetcher's claims get a connection of their own ("autom-claim"): on it the
-    # claim statement stays prepared and its plan cached, where the pool's rotation
-    # gave most claims a connection that had not run it five times (bench/RESULTS.md,
-    # Worker). A pool of one: the bridge's cancel, timeout and restart handling apply.
     async with open_database(
         settings.database_url, min_size=2, max_size=settings.workers + 8, name="autom", pool_timeout=1.0
-    ) as db, open_database(
-        settings.database_url, min_size=1, max_size=1, name="autom-claim", pool_timeout=1.0
-    ) as claim_db:
+    ) as db:
         applied = await apply_migrations(db)
         if applied:
             log.info(f"applied {len(applied)} migrations")
@@ -126,7 +120,6 @@ async def run_service(
                 db,
                 lease_seconds=settings.job_lease_seconds,
                 retry=RetryPolicy(base=settings.retry_base_seconds, cap=settings.retry_max_seconds),
-                claim_db=claim_db,
             )
             deps = Deps(
                 settings=settings, db=db, store=store, sources=enabled_sources(settings),

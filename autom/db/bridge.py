@@ -37,7 +37,7 @@ Prepared statements. ``execute``/``fetch_*`` take psycopg's ``prepare``: with
 (psycopg's per-connection cache; by default only at the 6th run on the same
 connection, which a rotating pool rarely reaches), then runs without parsing,
 and after PostgreSQL's five custom plans with its cached plan. Use it for single
-autocommit statements run often (the queue's claim, complete, renew, release,
+autocommit statements run often (the queue's complete, renew, release and
 enqueue; the intake's store): a ``run`` transaction's BEGIN and COMMIT cost what
 preparing saves (bench/RESULTS.md, Worker). A connection replaced after a
 restart starts with an empty cache and prepares again; a statement whose run
