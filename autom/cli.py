@@ -34,7 +34,7 @@ def _settings(require: Sequence[str] = (), **defaults: Any) -> Settings:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``autom run``: migrate, then serve intake, workers and schedule until SIGTERM/SIGINT."""
-    from autom.app import main
+    from autom.service import main
 
     settings = _settings(REQUIRED_FOR_RUN)
     try:

@@ -1,4 +1,4 @@
-"""``Deps``: everything a part of the service needs, built once by ``app.py`` and passed explicitly."""
+"""``Deps``: everything a part of the service needs, built once by ``service.py`` and passed explicitly."""
 
 from __future__ import annotations
 

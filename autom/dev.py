@@ -9,7 +9,7 @@ What it adds to ``autom run`` (CONTRACT.md, Command line)::
     │                          generated once, saved to <dir>/dev.env (mode 600), reused
     ├── no TELEGRAM_BOT_TOKEN → Telegram calls are logged instead of sent
     └── defaults             → LOG_FORMAT=text, HOST=127.0.0.1, TELEGRAM_ALERT_CHAT_ID=dev-alerts
-    then the service itself (``autom.app.main``: SIGTERM/SIGINT drain, exit 0), and once
+    then the service itself (``autom.service.main``: SIGTERM/SIGINT drain, exit 0), and once
     it listens a banner on stdout with ready-to-paste ``curl`` commands whose signatures
     are computed for real.
 
@@ -357,8 +357,8 @@ def banner(settings: Settings, url: str, database: DatabaseNote, folder: Path,
 
 
 async def serve_dev(settings: Settings, announce: Callable[[str], None]) -> None:
-    """Run the service (``autom.app.main``: signals, drain) and ``announce`` its URL once it listens."""
-    from autom.app import main
+    """Run the service (``autom.service.main``: signals, drain) and ``announce`` its URL once it listens."""
+    from autom.service import main
 
     async with trio.open_nursery() as nursery:
         service = await nursery.start(partial(main, settings, telegram_log_only=not settings.telegram_bot_token))

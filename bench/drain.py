@@ -14,7 +14,7 @@ What one run does, per variant (``--recipients``: 0 = jobs without a recipient,
 3. enqueues ``--jobs`` no-op jobs (kind ``noop``) with ``JobStore.enqueue_many`` in
    calls of ``--chunk`` through autom's trio bridge, timed;
 4. starts the worker in its own process (this file with ``worker``): the real
-   service composition, ``autom.app.run_service`` (pool of WORKERS + 8
+   service composition, ``autom.service.run_service`` (pool of WORKERS + 8
    connections, LISTEN, ticker without schedules, HTTP on 127.0.0.1:0, Telegram
    in log-only mode) with LOG_LEVEL=warning and the handler
    ``async def noop(ctx, job)`` registered as ``noop``. The handler counts its
@@ -22,7 +22,7 @@ What one run does, per variant (``--recipients``: 0 = jobs without a recipient,
    completer record the last completions and returns;
 5. verifies in SQL that exactly N jobs are ``done`` and none is in any other state.
 
-Two bench-local subclasses are swapped into ``autom.app`` in the worker process
+Two bench-local subclasses are swapped into ``autom.service`` in the worker process
 (autom's code is not changed): ``WorkerPool`` to take ``--batch`` (when given; else
 its default) and to note
 when the pool starts and stops, ``JobStore`` to count and time the claim and
@@ -183,14 +183,23 @@ def bench_settings(dsn: str, workers: int) -> Any:
                     log_level="warning", shutdown_grace_seconds=5.0)
 
 
+def composition_root() -> Any:
+    """The module composing the service: ``autom.service``, or ``autom.app`` in an older checkout (--variant base)."""
+    import importlib
+
+    try:
+        return importlib.import_module("autom.service")
+    except ImportError:  # before the rename, autom/app.py was the composition root
+        return importlib.import_module("autom.app")
+
+
 def install_probes(batch: int | None, pool_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Swap bench-local subclasses of WorkerPool and JobStore into ``autom.app`` (worker process only).
+    """Swap bench-local subclasses of WorkerPool and JobStore into ``autom.service`` (worker process only).
 
     Returns the dict they fill: pool start/stop times, claim and complete statements
     (count, rows, seconds in the call), and the ``on_claim(jobs, t0, t1)`` hook
     (``perf_counter`` before and after the claim call).
     """
-    from autom import app
     from autom.jobs.store import JobStore
     from autom.worker import WorkerPool
 
@@ -252,8 +261,9 @@ def install_probes(batch: int | None, pool_kwargs: dict[str, Any] | None = None)
                 if probe.get("backends_cpu") is not None:
                     probe["pg_cpu_end"] = probe["backends_cpu"]()
 
-    app.JobStore = ProbeStore  # type: ignore[misc]
-    app.WorkerPool = ProbePool  # type: ignore[misc]
+    root = composition_root()
+    root.JobStore = ProbeStore
+    root.WorkerPool = ProbePool
     return probe
 
 
@@ -306,10 +316,11 @@ def worker(args: argparse.Namespace) -> None:
     """Drain ``--jobs`` jobs with the service, then print one JSON line of timings."""
     import trio
 
-    from autom.app import Control, run_service
     from autom.logs import configure_logging
 
     configure_logging("json", "warning")
+    root = composition_root()
+    Control, run_service = root.Control, root.run_service
     probe = install_probes(args.batch, json.loads(args.pool_kwargs) if args.pool_kwargs else None)
     clock = Clock(args.jobs)
     control = Control()

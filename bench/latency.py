@@ -7,7 +7,7 @@ The method is peers/common.py's (bench-peers), so the figures compare:
 
 1. a fresh, migrated database (dropped at the end);
 2. the worker in its own process (this file with ``worker``): the real service,
-   ``autom.app.run_service`` with WORKERS=16, LOG_LEVEL=warning and a handler
+   ``autom.service.run_service`` with WORKERS=16, LOG_LEVEL=warning and a handler
    ``lat`` that records ``time.time() - payload["t0"]`` first thing; it prints
    ``READY`` once the service runs (LISTEN included), and the driver waits 1 s more
    so it settles into its idle wait;
@@ -55,6 +55,7 @@ from drain import (  # noqa: E402 (bench/ is not a package)
     ADMIN_DSN,
     bench_database,
     bench_settings,
+    composition_root,
     emit,
     env_record,
     install_probes,
@@ -67,10 +68,11 @@ def worker(args: argparse.Namespace) -> None:
     """Run the idle service until ``--n`` jobs were handled; print their timings as JSON."""
     import trio
 
-    from autom.app import Control, run_service
     from autom.logs import configure_logging
 
     configure_logging("json", "warning")
+    root = composition_root()
+    Control, run_service = root.Control, root.run_service
     probe = install_probes(None)
     offset = time.time() - time.perf_counter()  # perf_counter → wall clock, for the claim times
     claims: dict[int, tuple[float, float]] = {}

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import trio
 
-from autom.app import Control, Service, run_service
 from autom.config import Settings
 from autom.schedule import Schedule
+from autom.service import Control, Service, run_service
 
 TG_SECRET = "tg-secret_123"
 SITE_SECRET = "site-secret"
