@@ -6,20 +6,19 @@ whose jobs were wrong or missing, and see the queue's state at a glance.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from autom.checks import one_line
+from autom import events
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound
 from autom.jobs.store import JobStore
 from autom.sources import replay_sources
-from autom.sources.base import ParseError, Source
+from autom.sources.base import Source
 
 JOB_STATUSES = ("pending", "running", "done", "failed")
 
@@ -100,31 +99,11 @@ class Operations:
 
     async def get_event(self, event_id: int) -> dict:
         """One stored event with the ids of its jobs; ``NotFound`` if there is none."""
-        row = await self.db.fetch_one(Q.ops_get_event, {"id": event_id})
-        if row is None:
-            raise NotFound(f"no event with id {event_id}")
-        return job_json(row)
+        return job_json(await events.fetch_event(self.db, event_id))
 
     async def replay_event(self, event_id: int) -> list[int]:
-        """Parse a stored event again and create its jobs; returns the ids created.
-
-        Jobs whose key exists already are skipped (a replay never duplicates keyed
-        work). ``Conflict`` when the event's source is not one autom knows (a row
-        written by something else, or by a newer version) or its body still does
-        not parse.
-        """
-        event = await self.get_event(event_id)
-        source = self.sources.get(event["source"])
-        if source is None:
-            known = ", ".join(sorted(self.sources))
-            raise Conflict(f"event {event_id} came from source {one_line(str(event['source']), 80)!r}, "
-                           f"which autom does not know (known: {known})")
-        try:
-            parsed = source.parse(event["headers"] or {}, event["body"])
-        except ParseError as exc:
-            raise Conflict(f"event {event_id} does not parse: {exc}") from exc
-        jobs = [dataclasses.replace(job, event_id=event_id) for job in parsed.jobs]
-        return await self.store.enqueue_many(jobs)
+        """Parse a stored event again and create its jobs; returns the ids created (``events.replay_event``)."""
+        return await events.replay_event(self.store, self.sources, event_id)
 
     async def stats(self) -> dict[str, Any]:
         """Counts by status and kind, queue lag, failures in the last hour."""

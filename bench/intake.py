@@ -404,7 +404,7 @@ def hop(args: argparse.Namespace) -> int:
     two statements, COMMIT: four round trips). ``statement`` is one ``intake_store``
     statement (a delivery that found no hop in flight). ``batch of 8 / 16`` is the
     group commit: one ``intake_store_many`` statement storing that many deliveries in
-    one hop and one transaction (StoreBatcher, autom/web/intake.py).
+    one hop and one transaction (StoreBatcher, autom/events.py).
     """
     import itertools
 
@@ -415,9 +415,9 @@ def hop(args: argparse.Namespace) -> int:
     from autom.db import open_database
     from autom.db.migrate import apply_migrations_sync
     from autom.db.queries import Q
+    from autom.events import batch_items, store_params
     from autom.jobs.models import NewJob
     from autom.jobs.store import insert_jobs_sync
-    from autom.web.intake import batch_items, store_params
 
     counter = itertools.count(1)
 

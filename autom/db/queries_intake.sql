@@ -1,4 +1,4 @@
--- The intake's queries (autom/web/intake.py): storing webhook deliveries.
+-- The intake's queries (autom/events.py): storing webhook deliveries.
 
 -- name: intake_store
 -- Store one verified delivery and its jobs in ONE statement (one round trip, and
@@ -18,6 +18,6 @@ select ev.id, (select count(*) from autom_enqueue(%(jobs)s::jsonb, ev.id)) as jo
 -- name: intake_store_many
 -- Store several verified deliveries, one after the other, in ONE statement (one
 -- transaction: all of them or none): the intake's group commit. %(items)s is what
--- autom.web.intake.batch_items makes; a redelivery, also of an earlier item of the
+-- autom.events.batch_items makes; a redelivery, also of an earlier item of the
 -- same batch, gets a null id and no jobs, as intake_store would (migrations/0005).
 select pos, event_id, jobs_created from autom_intake_store_many(%(items)s::jsonb) order by pos;

@@ -1,4 +1,4 @@
-"""The intake's group commit (``StoreBatcher``, autom/web/intake.py; migrations/0005).
+"""The intake's group commit (``StoreBatcher``, autom/events.py; migrations/0005).
 
 Deliveries that arrive while a hop is in flight are stored together by the next
 one, in one transaction. These tests hold a hop in flight for as long as they
@@ -23,8 +23,8 @@ import trio
 
 from autom.db import open_database
 from autom.errors import DatabaseUnavailable
+from autom.events import StoreBatcher, batch_items, store_params
 from autom.jobs.models import NewJob
-from autom.web.intake import StoreBatcher, batch_items, store_params
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 

@@ -20,9 +20,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from autom.db.queries import Q
+from autom.events import store_params
 from autom.jobs.models import NewJob
 from autom.jobs.store import insert_jobs_sync
-from autom.web.intake import store_params
 
 # set from the clock, so they differ between two runs of the same input
 CLOCK_COLUMNS = {"created_at", "updated_at", "run_at", "due_at", "next_due_at", "locked_until", "received_at"}
