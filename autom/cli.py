@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import trio
 
 from autom.config import REQUIRED_FOR_RUN, Settings
-from autom.errors import AutomError, ConfigError
+from autom.errors import AutomError, ConfigError, QueryError
 from autom.logs import configure_logging
 
 log = logging.getLogger("autom.cli")
@@ -91,8 +91,6 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
     A query the database refuses to finish (a lock or statement timeout, ...) is one
     line and exit 1 (``AutomError``), not a traceback with SQL in it.
     """
-    import psycopg
-
     from autom.db.bridge import open_database
     from autom.ops import Operations, query_error_message
 
@@ -100,7 +98,7 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
     try:
         async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
             return await fn(Operations(db))  # replays need no source secret (Operations)
-    except psycopg.Error as exc:
+    except QueryError as exc:
         raise AutomError(query_error_message(exc)) from None
 
 

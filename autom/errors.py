@@ -6,13 +6,20 @@ code above the boundary only ever sees these::
     AutomError
     ├── ConfigError              a setting is missing or malformed (exit 1, one line)
     ├── DatabaseUnavailable      PostgreSQL cannot be reached / the connection broke
+    ├── QueryError               PostgreSQL refused or aborted a statement (sqlstate, transient)
     ├── NotFound                 an operator asked for a job or event that does not exist
     ├── Conflict                 the operation does not fit the row's state (retry a running job)
     ├── VerificationError        a webhook failed its sender's verification (401)
+    ├── ParseError               a verified webhook body is not what its sender sends (a ValueError too)
+    ├── BadRequest               an admin request's parameter is malformed (400)
     └── JobError                 raised by handlers to steer the queue
         ├── PermanentError       do not retry: the job fails for good (4xx but 429)
         └── TransientError       retry with backoff (5xx, network, timeouts)
             └── Retry            retry no sooner than ``after`` seconds (429 retry_after)
+
+The database bridge (``autom.db.bridge``) is the one place psycopg's errors are
+translated: a lost connection becomes ``DatabaseUnavailable``, every other
+database error a ``QueryError`` (the psycopg error is its ``__cause__``).
 
 Any other ``Exception`` escaping a handler counts as transient. ``BaseException``
 (``trio.Cancelled``, ``KeyboardInterrupt``) is never caught by autom.
@@ -33,6 +40,23 @@ class DatabaseUnavailable(AutomError):
     """PostgreSQL could not be reached, or the connection broke mid-statement."""
 
 
+class QueryError(AutomError):
+    """PostgreSQL refused or aborted a statement (a constraint, a lock or statement timeout, a deadlock...).
+
+    ``sqlstate`` is PostgreSQL's five-character code (``None`` when psycopg had
+    none); ``transient`` is true when the same statement may well work if simply
+    run again: lock_not_available (55P03), query_canceled (57014: the statement
+    timeout), serialization_failure (40001), deadlock_detected (40P01). The
+    message may quote the server's, which can hold row data: show operators
+    ``sqlstate``, not the message.
+    """
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, transient: bool = False) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.transient = transient
+
+
 class NotFound(AutomError):
     """No job or event has the id an operator asked for."""
 
@@ -43,6 +67,14 @@ class Conflict(AutomError):
 
 class VerificationError(AutomError):
     """A webhook failed verification; the message is safe to log (no secrets)."""
+
+
+class ParseError(AutomError, ValueError):
+    """A verified body is not what its sender sends; the event is stored without jobs (replayable)."""
+
+
+class BadRequest(AutomError):
+    """A request parameter is malformed; the message is the 400 answer's one line."""
 
 
 class JobError(AutomError):

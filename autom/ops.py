@@ -10,12 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from autom import events
 from autom.db.bridge import Database
 from autom.db.queries import Q
-from autom.errors import Conflict, NotFound
+from autom.errors import Conflict, NotFound, QueryError
 from autom.jobs.store import JobStore
 from autom.sources import replay_sources
 from autom.sources.base import Source
@@ -32,11 +30,13 @@ _QUERY_ERRORS = {
     "53": "the database is out of resources",
     "57P": "the database is shutting down or restarting",
 }
-#: classes worth trying again in a moment (the rest need someone to look at the database)
+#: classes worth an operator's trying again in a moment (the rest need someone to look at the
+#: database); wider than ``QueryError.transient`` (which code uses to retry at once): a server
+#: out of resources or restarting may well be fine by the time a person tries again
 _TRANSIENT_STATES = ("55P03", "57014", "40", "53", "57P")
 
 
-def query_error_message(exc: psycopg.Error) -> str:
+def query_error_message(exc: QueryError) -> str:
     """One line for an operator about a failed query (the admin API's 503, the CLI's exit 1).
 
     Lock and statement timeouts, conflicts and a restarting server say "try again";

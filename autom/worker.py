@@ -34,7 +34,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 import trio
 
 from autom.deps import Deps, Doorbell
@@ -313,7 +312,7 @@ class WorkerPool:
                     released = await self.store.release(jobs)
                 log.info(f"gave back {len(released)} claimed jobs not started before shutdown")
                 return
-            except (AutomError, psycopg.Error) as exc:
+            except AutomError as exc:
                 log.error(f"could not give back {len(jobs)} claimed jobs not started; they run again after "
                           f"their leases: {describe(exc)}")
                 return
@@ -378,7 +377,7 @@ class WorkerPool:
                     if released:
                         metrics.job_attempts.labels(job.kind, "released").inc()
                         log.warning("job interrupted by shutdown; put back to pending", extra=context)
-                except (AutomError, psycopg.Error) as exc:
+                except AutomError as exc:
                     log.error(f"could not put the job back; it runs again after its lease: {describe(exc)}",
                               extra=context)
             raise
@@ -407,7 +406,7 @@ class WorkerPool:
         try:
             with trio.fail_after(CLEANUP_SECONDS):
                 outcome = await self.store.fail(job, exc)
-        except (AutomError, psycopg.Error, trio.TooSlowError) as db_exc:
+        except (AutomError, trio.TooSlowError) as db_exc:
             log.error(f"could not record the failure ({describe(exc)}); the job runs again after its lease: "
                       f"{db_exc}", extra=context)
             return

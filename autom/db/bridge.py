@@ -17,10 +17,14 @@ costs a second hop, but only when a cancel actually happens. A
 ``threading.Lock`` per call orders the cancel request before the connection's
 return to the pool, so a late cancel can never hit the next borrower's query.
 
-Errors. A connection-level failure (pool timeout, broken connection, server
-shutting down) becomes :class:`autom.errors.DatabaseUnavailable`; everything
-else psycopg raises (``UniqueViolation``, ``QueryCanceled``,
-``SerializationFailure``...) propagates unchanged.
+Errors. This is where psycopg's errors are translated into autom's, so no
+room above imports psycopg: a connection-level failure (pool timeout, broken
+connection, server shutting down) becomes :class:`autom.errors.DatabaseUnavailable`;
+every other psycopg error (``UniqueViolation``, ``QueryCanceled``,
+``SerializationFailure``...) becomes :class:`autom.errors.QueryError` with its
+SQLSTATE and whether it is transient; the psycopg error is the ``__cause__``.
+Errors of a ``run`` function's statements are translated too (inside ``fn``
+they are still psycopg's: a savepoint can catch them there).
 
 Restarts. After a server restart the idle pool connections are dead. Before a
 borrowed connection is used, a zero-timeout ``poll()`` on its socket tells
@@ -63,9 +67,9 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from autom.errors import DatabaseUnavailable
+from autom.errors import AutomError, DatabaseUnavailable, QueryError
 
-__all__ = ["Database", "Params", "Query", "Row", "Tx", "open_database"]
+__all__ = ["Conn", "Database", "Params", "Query", "Row", "Tx", "open_database"]
 
 log = logging.getLogger("autom.db")
 
@@ -81,6 +85,7 @@ Query = str | bytes | sql.SQL | sql.Composed
 """A statement: a string (``%s`` / ``%(name)s`` placeholders), bytes, or a composed ``psycopg.sql`` object."""
 
 Conn = Connection[Row]
+"""The connection a ``run`` function gets: psycopg's, with ``dict_row`` rows."""
 
 # How long a cancelled call waits for its worker thread to roll back and
 # return the connection before giving up on it (it then finishes on its own).
@@ -96,6 +101,10 @@ LISTEN_BACKOFF_MAX: Final = 5.0
 # OperationalError like plenty of ordinary errors (serialization failure,
 # lock not available, query canceled): admin/crash shutdown, cannot connect now.
 _CONNECTION_LOST_STATES: Final = frozenset({"57P01", "57P02", "57P03"})
+
+# SQLSTATEs of a statement that may well work if simply run again (QueryError.transient):
+# lock_not_available, query_canceled (statement timeout), serialization_failure, deadlock_detected.
+TRANSIENT_STATES: Final = frozenset({"55P03", "57014", "40001", "40P01"})
 
 # States of one call, shared by the trio task and its worker thread.
 _PENDING: Final = 0  # the thread has not started, or is still waiting for a connection
@@ -164,6 +173,16 @@ def _is_unavailable(exc: BaseException, conn: Conn | None) -> bool:
         return False
     state = exc.sqlstate  # None for client-side errors: pool timeout, lost connection, ...
     return state is None or state.startswith("08") or state in _CONNECTION_LOST_STATES
+
+
+def _translate(exc: psycopg.Error, conn: Conn | None) -> AutomError:
+    """autom's error for a psycopg error: ``DatabaseUnavailable`` for a lost connection, else ``QueryError``."""
+    if _is_unavailable(exc, conn):
+        return DatabaseUnavailable(f"database connection lost: {exc}")
+    state = exc.sqlstate
+    return QueryError(
+        f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}", sqlstate=state, transient=state in TRANSIENT_STATES
+    )
 
 
 def _has_unread_input(conn: Conn) -> bool:
@@ -256,11 +275,11 @@ class Database:
         ``conn`` is a ``psycopg.Connection`` with ``dict_row`` rows. The
         transaction commits if ``fn`` returns and rolls back if it raises (or if
         a statement failed and ``fn`` swallowed the error without a savepoint:
-        then ``psycopg.errors.InFailedSqlTransaction`` is raised). On
-        trio cancellation the query is cancelled on the server, the thread rolls
-        back and returns the connection, then ``trio.Cancelled`` propagates.
-        Raises :class:`DatabaseUnavailable` when the database cannot be reached;
-        other psycopg errors propagate unchanged.
+        then a ``QueryError`` with SQLSTATE 25P02, in_failed_sql_transaction, is
+        raised). On trio cancellation the query is cancelled on the server, the
+        thread rolls back and returns the connection, then ``trio.Cancelled``
+        propagates. Raises :class:`DatabaseUnavailable` when the database cannot
+        be reached, :class:`QueryError` for any other database error.
         """
         return await self._pooled(fn, args, in_transaction=True)
 
@@ -290,8 +309,8 @@ class Database:
 
         Commits when the block ends normally; rolls back (shielded) on an
         exception or a cancellation. If a statement failed inside the block and
-        its error was caught, the end of the block raises
-        ``psycopg.errors.InFailedSqlTransaction`` instead of pretending to commit.
+        its error was caught, the end of the block raises a ``QueryError``
+        (SQLSTATE 25P02) instead of pretending to commit.
         Use the ``Tx`` from one task at a time. The block holds one of the pool's
         ``max_size`` slots, so do not nest ``db`` calls that wait for another
         slot inside it when the pool is small.
@@ -479,9 +498,7 @@ class Database:
                         return result
                 return fn(conn, *args)
             except psycopg.Error as exc:
-                if _is_unavailable(exc, conn):
-                    raise DatabaseUnavailable(f"database connection lost: {exc}") from exc
-                raise
+                raise _translate(exc, conn) from exc
         finally:
             with call.lock:  # waits until a cancel request in flight has been delivered
                 call.state = _DONE
@@ -503,9 +520,7 @@ class Database:
             try:
                 return fn(conn, *args)
             except psycopg.Error as exc:
-                if _is_unavailable(exc, conn):
-                    raise DatabaseUnavailable(f"database connection lost: {exc}") from exc
-                raise
+                raise _translate(exc, conn) from exc
         finally:
             with call.lock:
                 call.state = _DONE

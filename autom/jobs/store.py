@@ -41,14 +41,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-import psycopg
-
 from autom.db.queries import Q
 from autom.jobs.models import Job, NewJob
 from autom.jobs.retry import RetryPolicy, describe, is_final
 
 if TYPE_CHECKING:
-    from autom.db.bridge import Database, Tx
+    from autom.db.bridge import Conn, Database, Tx
 
 
 def _json_safe(value: Any) -> Any:
@@ -82,7 +80,7 @@ def jobs_json(jobs: Sequence[NewJob]) -> str:
     )
 
 
-def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: Sequence[NewJob]) -> list[int]:
+def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int]:
     """Insert ``jobs`` on ``conn`` (in its transaction); returns the ids of those created.
 
     A job whose key exists already is skipped (``on conflict (key) where key is not null do nothing``).

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autom.errors import VerificationError
+from autom.errors import ParseError, VerificationError
 from autom.jobs.models import NewJob
 
 Headers = Mapping[str, str]
@@ -51,12 +51,6 @@ _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 # (which JSON "\ud800" escapes produce): such a string would fail the insert, not parse.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
-
-class ParseError(ValueError):
-    """A verified body is not what its sender sends (not JSON, not an object, wrong types).
-
-    The intake then stores the event without jobs; it stays replayable.
-    """
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,10 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 from quart import Blueprint, Response, request
 
 from autom.deps import Deps
-from autom.errors import Conflict, DatabaseUnavailable
+from autom.errors import BadRequest, Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
 from autom.ops import JOB_STATUSES, Operations, query_error_message
 from autom.web.responses import error_response, json_response
@@ -56,10 +55,6 @@ MAX_ID = 2**63 - 1
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-
-
-class BadRequest(Exception):
-    """A malformed parameter; the message is the 400 answer."""
 
 
 def admin_blueprint(deps: Deps) -> Blueprint:
@@ -179,8 +174,8 @@ class Admin:
             metrics.db_up.set(0)
             log.warning("admin request failed: database unavailable: %s", exc)
             return error_response(503, "database unavailable")
-        except psycopg.Error as exc:  # the database answered, with an error: lock/statement timeout, ...
-            log.warning("admin request failed: SQLSTATE %s %s", exc.sqlstate, type(exc).__name__)
+        except QueryError as exc:  # the database answered, with an error: lock/statement timeout, ...
+            log.warning("admin request failed: SQLSTATE %s %s", exc.sqlstate, type(exc.__cause__).__name__)
             return error_response(503, query_error_message(exc), {"Retry-After": "1"})
         metrics.db_up.set(1)
         return json_response(status, result if wrap is None else {wrap: result})

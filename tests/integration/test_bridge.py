@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -23,9 +24,20 @@ import trio
 from psycopg import errors
 
 from autom.db import Database, open_database
-from autom.errors import DatabaseUnavailable
+from autom.errors import DatabaseUnavailable, QueryError
 
 # -- helpers ---------------------------------------------------------------
+
+
+@contextmanager
+def raises_query_error(cause: type[psycopg.Error]) -> Iterator[None]:
+    """The bridge translates a database error: a ``QueryError`` with psycopg's ``cause`` behind it."""
+    with pytest.raises(QueryError) as info:
+        yield
+    assert isinstance(info.value.__cause__, cause)
+    assert info.value.sqlstate == cause.sqlstate
+    # worth running again as it is: lock/statement timeout, serialization failure, deadlock
+    assert info.value.transient is (cause.sqlstate in {"55P03", "57014", "40001", "40P01"})
 
 
 def unique_name(prefix: str) -> str:
@@ -105,13 +117,13 @@ async def test_execute_and_fetch_with_params_give_dict_rows(empty_dsn: str) -> N
         assert db.stats["size"] >= 1 and db.stats["waiting"] == 0
 
 
-async def test_errors_of_the_query_propagate_unchanged(empty_dsn: str) -> None:
+async def test_errors_of_the_query_are_translated(empty_dsn: str) -> None:
     async with open_database(empty_dsn, max_size=2) as db:
         await db.execute("create table u (id int primary key)")
         await db.execute("insert into u values (1)")
-        with pytest.raises(errors.UniqueViolation):
+        with raises_query_error(errors.UniqueViolation):
             await db.execute("insert into u values (1)")
-        with pytest.raises(errors.UndefinedTable):
+        with raises_query_error(errors.UndefinedTable):
             await db.fetch_all("select * from nowhere")
         assert await db.fetch_val("select count(*) from u") == 1  # the pool is fine afterwards
 
@@ -135,8 +147,8 @@ async def test_prepare_prepares_at_the_first_run_on_a_connection(empty_dsn: str)
         assert await db.fetch_one(query, [3], prepare=True) == {"n": 4}
         assert await db.execute(query, [4], prepare=True) == 1
         assert await db.fetch_val(prepared) == 1
-        # an error of a prepared statement propagates unchanged and leaves it usable
-        with pytest.raises(errors.NumericValueOutOfRange):
+        # an error of a prepared statement is translated and leaves it usable
+        with raises_query_error(errors.NumericValueOutOfRange):
             await db.fetch_val(query, [2**31 - 1], prepare=True)
         assert await db.fetch_val(query, [5], prepare=True) == 6
 
@@ -214,7 +226,7 @@ async def test_run_rolls_back_when_fn_raises(empty_dsn: str) -> None:
                 pass  # without a savepoint the whole transaction is lost
             return "done"
 
-        with pytest.raises(errors.InFailedSqlTransaction):
+        with raises_query_error(errors.InFailedSqlTransaction):
             await db.run(swallow)
         assert await db.fetch_all("select id from r") == [{"id": 7}]
 
@@ -278,10 +290,10 @@ async def test_transaction_rolls_back_on_exception_and_on_cancel(empty_dsn: str)
 async def test_transaction_with_a_swallowed_error_does_not_pretend_to_commit(empty_dsn: str) -> None:
     async with open_database(empty_dsn, max_size=1) as db:
         await db.execute("create table s (id int primary key)")
-        with pytest.raises(errors.InFailedSqlTransaction):
+        with raises_query_error(errors.InFailedSqlTransaction):
             async with db.transaction() as tx:
                 await tx.execute("insert into s values (1)")
-                with pytest.raises(errors.UniqueViolation):
+                with raises_query_error(errors.UniqueViolation):
                     await tx.execute("insert into s values (1)")
         assert await db.fetch_val("select count(*) from s") == 0
         assert await db.fetch_val("select 1") == 1
@@ -293,7 +305,7 @@ async def test_transaction_with_a_swallowed_error_does_not_pretend_to_commit(emp
 async def test_statement_timeout_is_a_server_side_backstop(empty_dsn: str) -> None:
     async with open_database(empty_dsn, max_size=1, statement_timeout=0.2) as db:
         started = time.monotonic()
-        with pytest.raises(errors.QueryCanceled):
+        with raises_query_error(errors.QueryCanceled):
             await db.fetch_val("select pg_sleep(1)")
         assert time.monotonic() - started < 0.8
         assert await db.fetch_val("select 1") == 1

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from autom.db import open_database
-from autom.errors import DatabaseUnavailable
+from autom.errors import DatabaseUnavailable, QueryError
 from autom.events import StoreBatcher, batch_items, store_params
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
@@ -135,7 +135,7 @@ async def test_one_delivery_postgres_refuses_fails_alone(db: Any, dsn: str) -> N
     bad = params(2)
     bad["headers"] = '{"x": "\\u0000"}'  # jsonb refuses a NUL character
     _, results = await store_all(batcher, dsn, params(0), [params(1), bad, params(3)])
-    assert isinstance(results[1], psycopg.Error)
+    assert isinstance(results[1], QueryError) and isinstance(results[1].__cause__, psycopg.Error)
     assert results[0][0] is not None and results[2][0] is not None
     assert await count_rows(db, "events") == 3
 
