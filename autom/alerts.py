@@ -4,7 +4,7 @@ A job that fails for good gets an ``alerts`` row in the statement that fails it
 (migrations/0004). One ``AlertSender`` per replica, in the service nursery, sends
 pending rows and marks them sent only once Telegram accepted them:
 
-* the worker that failed the job rings ``telegram.alert_bell`` with its id: the
+* the worker that failed the job rings ``deps.alert_bell`` with its id: the
   sender looks at once and takes its own process's alerts first; a poll every
   ``POLL_SECONDS`` finds the rest (``ORPHAN_SECONDS`` old: their process died);
 * a row is claimed with a lease (``claimed_until``) under ``FOR UPDATE SKIP LOCKED``,
@@ -23,7 +23,7 @@ pending rows and marks them sent only once Telegram accepted them:
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +32,6 @@ import trio
 from autom.checks import one_line
 from autom.db.queries import Q
 from autom.deps import Deps
-from autom.telegram import AlertThrottle, job_failed_text, summary_text
 
 log = logging.getLogger("autom.alerts")
 
@@ -56,6 +55,67 @@ def backoff(tries: int) -> float:
     return min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** min(tries, 16))
 
 
+def job_failed_text(job_id: int, kind: str, attempts: int, error: object) -> str:
+    """The alert for a job that ended in ``failed`` (CONTRACT.md: id, kind and error)."""
+    plural = "" if attempts == 1 else "s"
+    return f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
+
+
+def summary_text(kinds: Counter[str]) -> str:
+    """ONE message for alerts the throttle held: how many, of which kinds, how to list them."""
+    count = sum(kinds.values())
+    noun = "alert" if count == 1 else "alerts"
+    jobs = "job" if count == 1 else "jobs"
+    shown = kinds.most_common(10)
+    by_kind = ", ".join(f"{kind}: {n}" for kind, n in shown) + (", …" if len(kinds) > len(shown) else "")
+    return (f"{count} more {noun} suppressed (too many at once): {count} {jobs} failed for good "
+            f"({by_kind}); list them with `autom failed --limit {max(count, 20)}`")
+
+
+class AlertThrottle:
+    """At most ``limit`` single alerts per rolling ``window`` seconds, then ONE summary.
+
+    Pure logic, time passed in (``now``, any monotonic clock in seconds). The sender
+    asks ``has_room(now)`` before a single alert and calls ``sent(now)`` once Telegram
+    accepted it: a failed delivery takes no slot, so retries cannot crowd out the alert
+    they retry. Alerts that find no room are held and go out together in one summary
+    at ``summary_at(held_since)``: ``gather`` seconds after the first was held (so a
+    burst lands in one message) and at most one summary per ``window``;
+    ``summarised(now)`` records one. While a summary is pending, newer alerts join it
+    instead of overtaking it.
+    """
+
+    def __init__(self, limit: int = 5, window: float = 60.0, gather: float = 5.0) -> None:
+        if limit < 1 or window <= 0 or gather < 0:
+            raise ValueError("an alert throttle needs limit >= 1, window > 0 and gather >= 0")
+        self.limit = limit
+        self.window = window
+        self.gather = gather
+        self._sent: deque[float] = deque()
+        self._last_summary: float | None = None
+
+    def has_room(self, now: float) -> bool:
+        """Whether a single alert may go out at ``now``."""
+        while self._sent and self._sent[0] <= now - self.window:
+            self._sent.popleft()
+        return len(self._sent) < self.limit
+
+    def sent(self, now: float) -> None:
+        """A single alert was delivered at ``now`` (it takes a slot for ``window`` seconds)."""
+        self._sent.append(now)
+
+    def summary_at(self, held_since: float) -> float:
+        """When the summary of alerts held since ``held_since`` may go out."""
+        due = held_since + self.gather
+        if self._last_summary is not None:
+            due = max(due, self._last_summary + self.window)
+        return due
+
+    def summarised(self, now: float) -> None:
+        """A summary was delivered at ``now``."""
+        self._last_summary = now
+
+
 class AlertSender:
     """Sends the outbox's alerts for one process (module docstring)."""
 
@@ -63,7 +123,7 @@ class AlertSender:
         self.deps = deps
         self.db = deps.db
         self.telegram = deps.telegram
-        self.bell = deps.telegram.alert_bell
+        self.bell = deps.alert_bell
         self.throttle = throttle if throttle is not None else AlertThrottle()
         # a claim outlives a few complete sends (each bounded by the HTTP deadline)
         self.lease = 3 * deps.settings.http_timeout_seconds + 5.0
@@ -85,8 +145,8 @@ class AlertSender:
                 await self.send_round()
             except Exception as exc:  # the database is away: the rows wait for the next round
                 # one warning per outage, not one every POLL_SECONDS
-                (log.debug if failing else log.warning)(
-                    f"alert round failed; trying again every {POLL_SECONDS:g}s: {one_line(str(exc))}")
+                log.log(logging.DEBUG if failing else logging.WARNING,
+                        "alert round failed; trying again every %gs: %s", POLL_SECONDS, one_line(str(exc)))
                 failing = True
             else:
                 if failing:
@@ -174,7 +234,7 @@ class AlertSender:
         try:
             await self.db.execute(Q.alerts_mark_sent, {"ids": ids, "sent_as": sent_as})
         except Exception as exc:  # delivered all the same: mark it next round, before its lease ends
-            log.warning(f"could not mark {len(ids)} alert(s) sent; trying again: {one_line(str(exc))}")
+            log.warning("could not mark %d alert(s) sent; trying again: %s", len(ids), one_line(str(exc)))
             self._unmarked.append((sent_as, ids))
 
     async def _mark_unmarked(self) -> None:

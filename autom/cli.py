@@ -7,7 +7,6 @@ A missing or malformed setting is one line naming it, exit 1, no traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import re
@@ -20,7 +19,7 @@ from urllib.parse import urlsplit
 import trio
 
 from autom.config import REQUIRED_FOR_RUN, Settings
-from autom.errors import AutomError, ConfigError, QueryError
+from autom.errors import AddressInUse, AutomError, ConfigError, QueryError
 from autom.logs import configure_logging
 
 log = logging.getLogger("autom.cli")
@@ -39,18 +38,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(REQUIRED_FOR_RUN)
     try:
         trio.run(main, settings)
-    except (OSError, BaseExceptionGroup) as exc:
-        if not address_in_use(exc):
-            raise
+    except* AddressInUse:  # raised by the HTTP server (autom.web.serve), inside trio's exception groups
         raise ConfigError(f"{settings.host}:{settings.port} is already in use: set PORT to a free port") from None
     return 0
-
-
-def address_in_use(exc: BaseException) -> bool:
-    """Whether ``exc`` (or one inside a trio exception group) is "address already in use"."""
-    if isinstance(exc, BaseExceptionGroup):
-        return any(address_in_use(inner) for inner in exc.exceptions)
-    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

@@ -41,9 +41,8 @@ from urllib.parse import urlsplit, urlunsplit
 import trio
 from dotenv import dotenv_values
 
-from autom.cli import address_in_use
 from autom.config import Settings
-from autom.errors import AutomError, ConfigError
+from autom.errors import AddressInUse, AutomError, ConfigError
 from autom.sources.base import hmac_sha256
 
 log = logging.getLogger("autom.dev")
@@ -369,14 +368,14 @@ def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
     """``autom dev`` after the settings are read: returns the exit code (0 after a drain)."""
     settings, generated = dev_settings(settings, folder)
     if generated:
-        log.info(f"generated {', '.join(generated)} and saved them to {folder / 'dev.env'}")
+        log.info("generated %s and saved them to %s", ", ".join(generated), folder / "dev.env")
     with contextlib.ExitStack() as stack:
         if settings.database_url:
             database = DatabaseNote("DATABASE_URL (from the environment or .env)")
         else:
             pgdata = folder / "pgdata"
             fresh = not (pgdata / "PG_VERSION").exists()
-            log.info(f"starting the embedded PostgreSQL in {pgdata}" + (" (first run: initdb)" if fresh else ""))
+            log.info("starting the embedded PostgreSQL in %s%s", pgdata, " (first run: initdb)" if fresh else "")
             dsn = stack.enter_context(embedded_postgres(pgdata))
             settings = settings.replace(database_url=dsn)
             database = DatabaseNote(f"embedded PostgreSQL in {pgdata} (kept between runs)", dsn)
@@ -386,9 +385,7 @@ def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
 
         try:
             trio.run(serve_dev, settings, announce)
-        except (OSError, BaseExceptionGroup) as exc:
-            if not address_in_use(exc):
-                raise
+        except* AddressInUse:  # raised by the HTTP server (autom.web.serve), inside trio's exception groups
             raise ConfigError(f"{settings.host}:{settings.port} is already in use (another autom dev?): "
                               "set PORT to a free port, e.g. PORT=8001 autom dev") from None
     sys.stdout.flush()

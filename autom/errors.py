@@ -5,6 +5,7 @@ code above the boundary only ever sees these::
 
     AutomError
     ├── ConfigError              a setting is missing or malformed (exit 1, one line)
+    │   └── AddressInUse         HOST:PORT is taken by another process
     ├── DatabaseUnavailable      PostgreSQL cannot be reached / the connection broke
     ├── QueryError               PostgreSQL refused or aborted a statement (sqlstate, transient)
     ├── NotFound                 an operator asked for a job or event that does not exist
@@ -34,6 +35,10 @@ class AutomError(Exception):
 
 class ConfigError(AutomError):
     """A setting is missing or malformed; the message names it and never its value."""
+
+
+class AddressInUse(ConfigError):
+    """The HTTP server could not listen: another process holds HOST:PORT (raised by ``autom.web.serve``)."""
 
 
 class DatabaseUnavailable(AutomError):

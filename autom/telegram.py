@@ -15,17 +15,14 @@ in a message: httpx exceptions (which carry the URL) are translated and not
 chained, and a filter on the ``httpx`` logger redacts its "HTTP Request: POST
 https://…/bot<token>/…" lines.
 
-``alert`` never raises. Job-failure alerts do not start here: the failure records
-them in the database (the outbox, migrations/0004) and rings ``alert_bell``;
-``autom.alerts.AlertSender`` sends them through ``AlertThrottle`` (a few a minute,
-then one summary) with the texts of ``job_failed_text`` and ``summary_text``.
+``alert`` never raises. This module is the Bot API client and nothing else:
+job-failure alerts (the outbox, their throttle and texts) are ``autom.alerts``'.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,7 +33,6 @@ import trio
 
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
-from autom.deps import Doorbell
 from autom.errors import ConfigError, JobError, PermanentError, Retry, TransientError
 
 logger = logging.getLogger("autom.telegram")
@@ -76,8 +72,6 @@ class TelegramClient:
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
-        #: rung by a worker that recorded a job-failure alert (autom.alerts sends it)
-        self.alert_bell = AlertBell()
         if self._token:
             _redact_token_in_httpx_logs(self._token)
 
@@ -224,93 +218,6 @@ class AlertResult:
     retry_after: float = 0.0
 
 
-class AlertBell:
-    """How a worker tells its process's alert sender "I recorded an alert for job N".
-
-    The alert itself is already in the database; the bell only makes the sender look
-    now instead of at its next poll, and lets it take this process's own alerts first.
-    """
-
-    #: ids kept between two looks; past that the sender's poll finds the rest anyway
-    MAX_IDS = 10_000
-
-    def __init__(self) -> None:
-        self.doorbell = Doorbell()
-        self._job_ids: set[int] = set()
-
-    def ring(self, job_id: int) -> None:
-        """An alert for ``job_id`` was recorded by this process."""
-        if len(self._job_ids) < self.MAX_IDS:
-            self._job_ids.add(job_id)
-        self.doorbell.set()
-
-    def take(self) -> list[int]:
-        """The job ids rung since the last ``take``."""
-        ids, self._job_ids = sorted(self._job_ids), set()
-        return ids
-
-
-def job_failed_text(job_id: int, kind: str, attempts: int, error: object) -> str:
-    """The alert for a job that ended in ``failed`` (CONTRACT.md: id, kind and error)."""
-    plural = "" if attempts == 1 else "s"
-    return f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
-
-
-def summary_text(kinds: Counter[str]) -> str:
-    """ONE message for alerts the throttle held: how many, of which kinds, how to list them."""
-    count = sum(kinds.values())
-    noun = "alert" if count == 1 else "alerts"
-    jobs = "job" if count == 1 else "jobs"
-    shown = kinds.most_common(10)
-    by_kind = ", ".join(f"{kind}: {n}" for kind, n in shown) + (", …" if len(kinds) > len(shown) else "")
-    return (f"{count} more {noun} suppressed (too many at once): {count} {jobs} failed for good "
-            f"({by_kind}); list them with `autom failed --limit {max(count, 20)}`")
-
-
-class AlertThrottle:
-    """At most ``limit`` single alerts per rolling ``window`` seconds, then ONE summary.
-
-    Pure logic, time passed in (``now``, any monotonic clock in seconds). The sender
-    asks ``has_room(now)`` before a single alert and calls ``sent(now)`` once Telegram
-    accepted it: a failed delivery takes no slot, so retries cannot crowd out the alert
-    they retry. Alerts that find no room are held and go out together in one summary
-    at ``summary_at(held_since)``: ``gather`` seconds after the first was held (so a
-    burst lands in one message) and at most one summary per ``window``;
-    ``summarised(now)`` records one. While a summary is pending, newer alerts join it
-    instead of overtaking it.
-    """
-
-    def __init__(self, limit: int = 5, window: float = 60.0, gather: float = 5.0) -> None:
-        if limit < 1 or window <= 0 or gather < 0:
-            raise ValueError("an alert throttle needs limit >= 1, window > 0 and gather >= 0")
-        self.limit = limit
-        self.window = window
-        self.gather = gather
-        self._sent: deque[float] = deque()
-        self._last_summary: float | None = None
-
-    def has_room(self, now: float) -> bool:
-        """Whether a single alert may go out at ``now``."""
-        while self._sent and self._sent[0] <= now - self.window:
-            self._sent.popleft()
-        return len(self._sent) < self.limit
-
-    def sent(self, now: float) -> None:
-        """A single alert was delivered at ``now`` (it takes a slot for ``window`` seconds)."""
-        self._sent.append(now)
-
-    def summary_at(self, held_since: float) -> float:
-        """When the summary of alerts held since ``held_since`` may go out."""
-        due = held_since + self.gather
-        if self._last_summary is not None:
-            due = max(due, self._last_summary + self.window)
-        return due
-
-    def summarised(self, now: float) -> None:
-        """A summary was delivered at ``now``."""
-        self._last_summary = now
-
-
 class _RedactTokens(logging.Filter):
     """Rewrites records of the logger it sits on so no known token (or token-shaped text) remains."""
 
@@ -346,12 +253,8 @@ def _redact_token_in_httpx_logs(token: str) -> None:
 
 __all__ = [
     "MAX_TEXT",
-    "AlertBell",
     "AlertResult",
-    "AlertThrottle",
     "TelegramClient",
     "fit_text",
-    "job_failed_text",
     "open_telegram",
-    "summary_text",
 ]

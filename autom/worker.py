@@ -36,7 +36,8 @@ from typing import Any
 
 import trio
 
-from autom.deps import Deps, Doorbell
+from autom.bells import Doorbell
+from autom.deps import Deps
 from autom.errors import AutomError, PermanentError
 from autom.handlers import Handler, HandlerContext
 from autom.jobs.models import Job
@@ -417,7 +418,7 @@ class WorkerPool:
             metrics.job_attempts.labels(job.kind, "failed").inc()
             log.error(f"job failed for good: {outcome.error}", extra=context)
             # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
-            self.deps.telegram.alert_bell.ring(job.id)
+            self.deps.alert_bell.ring(job.id)
             return
         metrics.job_attempts.labels(job.kind, "retry").inc()
         delay = (outcome.run_at.timestamp() - time.time()) if outcome.run_at else 0.0

@@ -29,6 +29,7 @@ tests/e2e/test_http_keepalive_unread_body.py makes the race happen.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterable
 from functools import partial
@@ -47,6 +48,7 @@ from hypercorn.typing import (
 
 from autom.config import Settings
 from autom.deps import Deps
+from autom.errors import AddressInUse
 
 #: Idle keep-alive connections are closed after this many seconds.
 KEEP_ALIVE_TIMEOUT = 5.0
@@ -213,15 +215,29 @@ async def serve_http(
 
     ``task_status.started`` receives the bound URLs (``"http://127.0.0.1:54321"``),
     so ``binds=["127.0.0.1:0"]`` gives a free port. Open the database before
-    calling this: a failing app start-up would still report started.
+    calling this: a failing app start-up would still report started. Raises
+    ``AddressInUse`` (before reporting started) when another process holds a bind.
     """
     config = hypercorn_config(deps.settings, binds, keep_alive_timeout=keep_alive_timeout)
-    await serve(
-        DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes),
-        config,
-        shutdown_trigger=partial(deps.shutdown.wait_value, True),
-        task_status=task_status,
-    )
+    try:
+        await serve(
+            DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes),
+            config,
+            shutdown_trigger=partial(deps.shutdown.wait_value, True),
+            task_status=task_status,
+        )
+    except (OSError, BaseExceptionGroup) as exc:
+        # hypercorn binds inside its nursery: the OSError arrives in an exception group
+        if not _address_in_use(exc):
+            raise
+        raise AddressInUse(f"{', '.join(config.bind)} is already in use") from None
+
+
+def _address_in_use(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one inside a trio exception group) is "address already in use"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_address_in_use(inner) for inner in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
 def _bind(host: str, port: int) -> str:

@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from autom.alerts import MAX_BACKOFF_SECONDS, backoff
-from autom.telegram import AlertBell, AlertThrottle, job_failed_text, summary_text
+from autom.alerts import MAX_BACKOFF_SECONDS, AlertThrottle, backoff, job_failed_text, summary_text
+from autom.bells import AlertBell
 
 
 def test_room_for_limit_delivered_alerts_per_rolling_window() -> None:
