@@ -64,7 +64,7 @@ class Control:
     def request_stop(self) -> None:
         """Phase 1: stop intake and claiming; running jobs get ``grace`` seconds."""
         if not self.shutdown.value:
-            log.info(f"shutting down: draining (grace {self.grace:g}s)")
+            log.info("shutting down: draining (grace %gs)", self.grace)
         self.shutdown.value = True
         if self.pool is not None:
             self.pool.stop_at(trio.current_time() + self.grace)
@@ -114,7 +114,7 @@ async def run_service(
     ) as db:
         applied = await apply_migrations(db)
         if applied:
-            log.info(f"applied {len(applied)} migrations")
+            log.info("applied %d migrations", len(applied))
         async with open_telegram(settings, log_only=telegram_log_only) as telegram:
             store = JobStore(
                 db,
@@ -136,7 +136,7 @@ async def run_service(
                     await services.start(run_ticker, deps, schedules, tz)
                     await services.start(pool.run)
                     urls = await services.start(partial(serve_http, deps, create_app(deps), binds=binds))
-                    log.info(f"autom serving on {', '.join(urls)} with {pool.workers} workers")
+                    log.info("autom serving on %s with %d workers", ", ".join(urls), pool.workers)
                     task_status.started(Service(deps=deps, pool=pool, urls=urls, control=control))
                 # ticker, pool and HTTP have all stopped: end the background tasks, but
                 # first send this process's alerts, held ones as one summary (bounded;
@@ -145,7 +145,7 @@ async def run_service(
                     try:
                         await alerts.flush()
                     except Exception as exc:  # the database is away: the outbox keeps them
-                        log.warning(f"could not send the last alerts at shutdown; they stay queued: {exc}")
+                        log.warning("could not send the last alerts at shutdown; they stay queued: %s", exc)
                 background.cancel_scope.cancel()
     log.info("autom stopped")
 
@@ -155,7 +155,7 @@ async def _watch_signals(control: Control, *, task_status: trio.TaskStatus[None]
         task_status.started()
         async for signum in signals:
             if not control.shutdown.value:
-                log.info(f"got {signal.Signals(signum).name}")
+                log.info("got %s", signal.Signals(signum).name)
                 control.request_stop()
             else:
                 control.stop_now()

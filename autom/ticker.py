@@ -49,7 +49,7 @@ async def run_ticker(
         try:
             created = await deps.store.enqueue_many(jobs)
         except Exception as exc:  # database down or a statement error: tick again soon
-            log.warning(f"schedule tick failed, retrying soon: {describe(exc)}")
+            log.warning("schedule tick failed, retrying soon: %s", describe(exc))
             wait = min(interval, 5.0)
         else:
             for job_id in created:

@@ -76,5 +76,5 @@ class Watchdog:
             try:
                 await self.check()
             except Exception as exc:  # a failed check must not stop the next one
-                log.warning(f"watchdog check failed: {exc}")
+                log.warning("watchdog check failed: %s", exc)
             await trio.sleep(interval)

@@ -20,6 +20,6 @@ log = logging.getLogger("autom.handlers.events")
 async def handle(ctx: HandlerContext, job: Job) -> None:
     """Log one line naming the event and the payload's keys."""
     keys = ",".join(sorted(str(k) for k in job.payload)[:20])
-    log.info(f"{job.kind} received (keys: {keys or '-'})", extra={
+    log.info("%s received (keys: %s)", job.kind, keys or "-", extra={
         "job_id": job.id, "kind": job.kind, "event_id": job.event_id, "attempt": job.attempts,
     })
