@@ -36,6 +36,8 @@ short ``reconnect_timeout`` so that a long outage does not leave it sleeping in
 its backoff once the server is back (see ``open_database``). While the server
 is down, calls fail with ``DatabaseUnavailable`` after ``pool_timeout``.
 
+LISTEN runs on a connection of its own, outside the pool (``autom.db.listen``).
+
 Prepared statements. ``execute``/``fetch_*`` take psycopg's ``prepare``: with
 ``True`` the statement is prepared at its first run on each pool connection
 (psycopg's per-connection cache; by default only at the 6th run on the same
@@ -67,6 +69,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from autom.db.listen import serve_notifications
 from autom.errors import AutomError, DatabaseUnavailable, QueryError
 
 __all__ = ["Conn", "Database", "Params", "Query", "Row", "Tx", "open_database"]
@@ -90,12 +93,6 @@ Conn = Connection[Row]
 # How long a cancelled call waits for its worker thread to roll back and
 # return the connection before giving up on it (it then finishes on its own).
 CANCEL_GRACE_SECONDS: Final = 5.0
-
-# LISTEN: poll interval of the listener thread (how fast it notices a stop),
-# and the reconnect backoff bounds.
-LISTEN_POLL_SECONDS: Final = 0.05
-LISTEN_BACKOFF_MIN: Final = 0.5
-LISTEN_BACKOFF_MAX: Final = 5.0
 
 # SQLSTATEs that mean "this connection is gone" although psycopg maps them to
 # OperationalError like plenty of ordinary errors (serialization failure,
@@ -361,21 +358,9 @@ class Database:
         missed meanwhile. Stops within about 0.1 s when cancelled.
         """
         kwargs = {**self._connect_kwargs, "autocommit": True, "application_name": f"{self._name}-listen"}
-        listener = _Listener(self._conninfo, kwargs, channel)
-        limiter = trio.CapacityLimiter(1)
-        listening = False
-        try:
-            while True:
-                await trio.to_thread.run_sync(listener.connect, limiter=limiter, abandon_on_cancel=True)
-                if listening:
-                    on_notify("")
-                else:
-                    listening = True
-                    task_status.started()
-                await trio.to_thread.run_sync(listener.serve, on_notify, limiter=limiter, abandon_on_cancel=True)
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(listener.shutdown, limiter=self._cleanup_limiter)
+        await serve_notifications(
+            self._conninfo, kwargs, channel, on_notify, cleanup_limiter=self._cleanup_limiter, task_status=task_status
+        )
 
     @property
     def stats(self) -> dict[str, int]:
@@ -612,87 +597,6 @@ class Tx:
         conn = self._borrowed.conn
         if conn is not None:
             self._db._return_held(conn)
-
-
-class _Listener:
-    """The thread side of :meth:`Database.listen`: one dedicated connection, reconnected when lost."""
-
-    def __init__(self, conninfo: str, kwargs: dict[str, Any], channel: str) -> None:
-        self._conninfo = conninfo
-        self._kwargs = kwargs
-        self._listen = sql.SQL("listen {}").format(sql.Identifier(channel))
-        self._stop = threading.Event()
-        self._idle = threading.Event()  # no thread is in connect() or serve()
-        self._idle.set()
-        self._lock = threading.Lock()
-        self._conn: Connection[Any] | None = None
-        self._delay = 0.0  # pause before the next connection attempt
-        self._connected_at = 0.0
-
-    def connect(self) -> None:
-        """Connect and LISTEN, retrying with backoff until it works or shutdown() is called."""
-        self._idle.clear()
-        try:
-            while not self._stop.wait(self._delay):
-                conn: Connection[Any] | None = None
-                try:
-                    conn = psycopg.connect(self._conninfo, **self._kwargs)
-                    conn.execute(self._listen)
-                except psycopg.Error as exc:
-                    if conn is not None:
-                        conn.close()
-                    self._delay = min(max(self._delay * 2, LISTEN_BACKOFF_MIN), LISTEN_BACKOFF_MAX)
-                    log.warning("LISTEN connection failed (%s); retrying in %.1f s", exc, self._delay)
-                    continue
-                with self._lock:
-                    if self._stop.is_set():
-                        conn.close()
-                        return
-                    self._conn = conn
-                self._connected_at = time.monotonic()
-                return
-        finally:
-            self._idle.set()
-
-    def serve(self, on_notify: Callable[[str], None]) -> None:
-        """Deliver notifications until the connection breaks (then return) or shutdown() is called."""
-        self._idle.clear()
-        try:
-            conn = self._conn
-            if conn is None:
-                return
-            try:
-                while not self._stop.is_set():
-                    for note in conn.notifies(timeout=LISTEN_POLL_SECONDS):
-                        if self._stop.is_set():
-                            break
-                        trio.from_thread.run_sync(on_notify, note.payload)
-            except psycopg.Error as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
-                self._close()
-                # Reconnect at once after a connection that lived a while; back
-                # off when connections keep dying young.
-                lived = time.monotonic() - self._connected_at
-                self._delay = 0.0 if lived > LISTEN_BACKOFF_MAX else max(self._delay, LISTEN_BACKOFF_MIN)
-            except trio.RunFinishedError:
-                self._stop.set()
-            if self._stop.is_set():
-                self._close()
-        finally:
-            self._idle.set()
-
-    def shutdown(self, grace: float = 1.0) -> None:
-        """Stop the listener thread (it notices within LISTEN_POLL_SECONDS) and close the connection."""
-        self._stop.set()
-        if not self._idle.wait(grace):
-            log.warning("the LISTEN thread did not stop within %.1f s; it will close its connection", grace)
-        self._close()
-
-    def _close(self) -> None:
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
 
 
 @asynccontextmanager
