@@ -14,6 +14,7 @@ from autom import events
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound, QueryError
+from autom.jobs import health
 from autom.jobs.store import JobStore
 from autom.sources import replay_sources
 from autom.sources.base import Source
@@ -109,14 +110,14 @@ class Operations:
         """Counts by status and kind, queue lag, failures in the last hour."""
         by_status = dict.fromkeys(JOB_STATUSES, 0)
         by_kind: dict[str, dict[str, int]] = {}
-        for row in await self.db.fetch_all(Q.ops_job_counts):
-            by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
-            by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
-        lag = await self.db.fetch_val(Q.ops_queue_lag)
-        failed = await self.db.fetch_val(Q.ops_failed_since, {"seconds": 3600})
+        for count in await health.job_counts(self.db):
+            by_status[count.status] = by_status.get(count.status, 0) + count.n
+            by_kind.setdefault(count.kind, {})[count.status] = count.n
+        lag = await health.queue_lag(self.db)
+        failed = await health.failed_since(self.db, 3600)
         return {
             "jobs": by_status,
             "by_kind": by_kind,
-            "queue_lag_seconds": round(float(lag or 0.0), 3),
-            "failed_last_hour": int(failed or 0),
+            "queue_lag_seconds": round(lag, 3),
+            "failed_last_hour": failed,
         }

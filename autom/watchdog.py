@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
 from autom.db.queries import Q
 from autom.deps import Deps
+from autom.jobs import health
 from autom.schedule import Schedule
 
 log = logging.getLogger("autom.watchdog")
@@ -34,15 +35,19 @@ def heartbeat_period(schedules: Sequence[Schedule]) -> float | None:
 class Watchdog:
     """Checks the two conditions and alerts on their changes."""
 
-    def __init__(self, deps: Deps, schedules: Sequence[Schedule]) -> None:
+    def __init__(
+        self, deps: Deps, schedules: Sequence[Schedule], *, clock: Callable[[], float] = time.time
+    ) -> None:
+        """Watch for ``deps``; ``clock`` is wall time in seconds (the heartbeat's ``updated_at`` is too)."""
         self.deps = deps
         self.period = heartbeat_period(schedules)
-        self.started = time.time()
+        self._clock = clock
+        self.started = clock()
 
     async def check(self) -> dict[str, bool]:
         """One round: returns each condition's current state (True = alarming)."""
         settings = self.deps.settings
-        lag = float(await self.deps.db.fetch_val(Q.ops_queue_lag) or 0.0)
+        lag = await health.queue_lag(self.deps.db)
         states = {"queue_lag": lag > settings.queue_lag_alert_seconds}
         await self._flip("queue_lag", states["queue_lag"],
                          f"autom: queue lag is {lag:.0f}s (over {settings.queue_lag_alert_seconds:g}s): "
@@ -51,7 +56,7 @@ class Watchdog:
         if self.period is not None:
             row = await self.deps.db.fetch_one(Q.state_get, {"name": "heartbeat"})
             last = row["updated_at"].timestamp() if row else self.started
-            silent = time.time() - last
+            silent = self._clock() - last
             states["heartbeat"] = silent > 2 * self.period
             await self._flip("heartbeat", states["heartbeat"],
                              f"autom: no heartbeat for {silent / 60:.0f} min (expected every "

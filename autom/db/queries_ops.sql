@@ -49,18 +49,6 @@ select e.id, e.source, e.received_at, e.dedup_key, e.headers, e.body,
        coalesce((select array_agg(j.id order by j.id) from jobs j where j.event_id = e.id), '{}') as job_ids
 from events e where e.id = %(id)s;
 
--- name: ops_job_counts
--- Jobs by status and kind (an index-only scan of jobs_kind_status).
-select kind, status, count(*) as n from jobs group by kind, status;
-
--- name: ops_queue_lag
--- Seconds the oldest due pending job has waited (0 when none is due).
-select coalesce(extract(epoch from now() - min(due_at)), 0)::float8 as lag
-from jobs where due_at <= now() and status = 'pending';
-
--- name: ops_failed_since
-select count(*) from jobs where status = 'failed' and finished_at > now() - make_interval(secs => %(seconds)s);
-
 -- name: state_get
 select value, updated_at from service_state where name = %(name)s;
 

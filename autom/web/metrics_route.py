@@ -4,7 +4,7 @@ The counters and histograms (events by source and outcome, intake and job
 durations, job attempts by outcome, alerts, busy workers) move as the intake and
 the workers do their work. The gauges that describe the *database* (jobs by
 status and kind, queue lag) are refreshed here, before rendering, with two cheap
-queries (``ops_job_counts``, ``ops_queue_lag`` in queries_ops.sql), at most once
+queries (``autom.jobs.health``: job counts and queue lag), at most once
 every ``REFRESH_SECONDS``: Prometheus, a second scraper and a curious operator
 together must not turn into database load, and every replica exports the same
 numbers anyway.
@@ -24,9 +24,9 @@ from collections.abc import Callable
 import trio
 from quart import Blueprint, Response
 
-from autom.db.queries import Q
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable
+from autom.jobs import health
 from autom.ops import JOB_STATUSES
 
 log = logging.getLogger("autom.metrics")
@@ -81,12 +81,11 @@ class DatabaseGauges:
             # by every scrape, each of which would wait for it.
             self._next = self._clock() + self._max_age
             db_up = self._deps.metrics.db_up
-            fresh: tuple[list[dict], float] | None = None
+            fresh: tuple[list[health.JobCount], float] | None = None
             with trio.move_on_after(QUERY_BUDGET_SECONDS):
                 try:
-                    counts = await self._deps.db.fetch_all(Q.ops_job_counts)
-                    lag = await self._deps.db.fetch_val(Q.ops_queue_lag)
-                    fresh = (counts, float(lag or 0.0))
+                    counts = await health.job_counts(self._deps.db)
+                    fresh = (counts, await health.queue_lag(self._deps.db))
                 except DatabaseUnavailable as exc:
                     log.warning("metrics: database unavailable, database gauges not refreshed: %s", exc)
             if fresh is None:  # unavailable, or slower than the budget
@@ -95,17 +94,17 @@ class DatabaseGauges:
             self._apply(*fresh)
             db_up.set(1)
 
-    def _apply(self, counts: list[dict], lag: float) -> None:
-        """Set the gauges from ``ops_job_counts`` rows and the lag, with no await in between."""
+    def _apply(self, counts: list[health.JobCount], lag: float) -> None:
+        """Set the gauges from the job counts and the lag, with no await in between."""
         jobs = self._deps.metrics.jobs
         values: dict[tuple[str, str], float] = {}
         # Every status of every kind present, zeros included: a query like
         # autom_jobs{status="failed"} > 0 then has a series to look at.
-        for row in counts:
+        for count in counts:
             for status in JOB_STATUSES:
-                values.setdefault((status, row["kind"]), 0.0)
-        for row in counts:
-            values[(row["status"], row["kind"])] = float(row["n"])
+                values.setdefault((status, count.kind), 0.0)
+        for count in counts:
+            values[(count.status, count.kind)] = float(count.n)
         for labels in self._exported - values.keys():
             jobs.labels(*labels).set(0)
         for labels, value in values.items():
