@@ -61,6 +61,21 @@ async def test_silent_heartbeat_alerts_once_and_clears_once(dsn, db, telegram_st
     assert "no heartbeat for 3 min" in texts[0] and "heartbeat is back" in texts[1]
 
 
+async def test_no_heartbeat_since_the_start_alerts_once_its_period_has_passed_twice(dsn, db, telegram_stub):
+    # the watchdog's clock is injected: the service "runs" for three minutes without a sleep
+    settings = service_settings(dsn, telegram_stub.url)
+    now = [1_000_000.0]
+    async with open_telegram(settings) as telegram:
+        dog = Watchdog(deps_for(settings, db, telegram), [Schedule("heartbeat", every_minutes=1)], clock=lambda: now[0])
+        assert (await dog.check())["heartbeat"] is False
+        now[0] += 110  # under two periods
+        assert (await dog.check())["heartbeat"] is False
+        now[0] += 70
+        assert (await dog.check())["heartbeat"] is True
+    texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
+    assert len(texts) == 1 and "no heartbeat for 3 min" in texts[0]
+
+
 async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, telegram_stub):
     settings = service_settings(dsn, telegram_stub.url)
     store = JobStore(db)
