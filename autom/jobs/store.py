@@ -28,8 +28,10 @@ here (bench/RESULTS.md, Worker): the claim stays durable. Whatever is committed
 after one of these writes durably (an enqueue, a claim) flushes it too: the WAL
 is written in order.
 
-The ``*_sync`` helpers take a psycopg connection so they can run inside a caller's
-transaction (the intake stores an event and its jobs in one transaction).
+``insert_jobs_sync`` takes the connection of a caller's transaction, so jobs can be
+created in it (``enqueue(job, tx)``: they commit or roll back with the caller's own
+writes). The intake does not use it: it stores an event and its jobs with one
+statement of its own (``intake_store``, autom/events.py).
 """
 
 from __future__ import annotations
@@ -194,11 +196,6 @@ class JobStore:
         if row is None:
             return FailOutcome("stale", text)
         return FailOutcome("pending", text, row["run_at"])
-
-    async def fail_permanently(self, job: Job, error: str) -> FailOutcome:
-        """Fail the job for good whatever its attempts (no handler, attempts exhausted by crashes)."""
-        row = await self.db.fetch_one(Q.fail_final, {"id": job.id, "lease": job.lease, "error": error})
-        return FailOutcome("failed" if row else "stale", error)
 
     async def renew(self, jobs: Iterable[Job]) -> dict[int, datetime]:
         """Extend the leases of these claims; returns {id: new locked_until} for those still held."""
