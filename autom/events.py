@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -236,10 +237,13 @@ async def fetch_event(db: Database, event_id: int) -> Row:
 async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id: int) -> list[int]:
     """Parse stored event ``event_id`` again with its source, create its jobs in ``store``; the ids created.
 
-    Jobs whose key exists already are skipped (a replay never duplicates keyed
-    work). ``NotFound`` for an unknown id; ``Conflict`` when the event's source is
-    not in ``sources`` (a row written by something else, or by a newer version) or
-    its body still does not parse.
+    Always new jobs, linked to the same event, also when jobs of the event exist or
+    are done: a replay is an operator saying "run this again" (CONTRACT.md). A
+    replayed job with a key gets the key plus ``:replay:<random>``, distinct from the
+    original (and from other replays) while still saying where it came from.
+    ``NotFound`` for an unknown id; ``Conflict`` when the event's source is not in
+    ``sources`` (a row written by something else, or by a newer version) or its body
+    still does not parse.
     """
     event = await fetch_event(store.db, event_id)
     source = sources.get(event["source"])
@@ -251,5 +255,9 @@ async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id:
         parsed = source.parse(event["headers"] or {}, event["body"])
     except ParseError as exc:
         raise Conflict(f"event {event_id} does not parse: {exc}") from exc
-    jobs = [dataclasses.replace(job, event_id=event_id) for job in parsed.jobs]
+    tag = secrets.token_hex(6)
+    jobs = [
+        dataclasses.replace(job, event_id=event_id, key=None if job.key is None else f"{job.key}:replay:{tag}")
+        for job in parsed.jobs
+    ]
     return await store.enqueue_many(jobs)

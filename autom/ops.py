@@ -1,16 +1,23 @@
-"""Operations: what an operator reads and fixes, shared by the CLI and the admin API.
+"""Operations: what an operator reads and fixes, shared by the CLI, the admin API and the console.
 
-Jobs will fail: list the failed ones, retry one after a fix, replay an event
-whose jobs were wrong or missing, and see the queue's state at a glance.
+Jobs will fail: list and filter them, see every attempt's error, retry one or
+every failed job a filter matches, cancel one that should not run, replay an
+event, pause a kind whose handler is broken, and see the queue at a glance.
+No path ends in "use the other command": a done job is replayed through its
+event, and a replay always creates the event's jobs anew.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from autom import events
+from autom.db.bounded import fetch_all_bounded
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound, QueryError
@@ -19,7 +26,15 @@ from autom.jobs.store import JobStore
 from autom.sources import replay_sources
 from autom.sources.base import Source
 
-JOB_STATUSES = ("pending", "running", "done", "failed")
+JOB_STATUSES = ("pending", "running", "done", "failed", "cancelled")
+#: statuses a single job may be retried from (CONTRACT.md, `autom retry JOB_ID`)
+RETRYABLE = ("failed", "cancelled", "pending")
+#: a bulk retry takes at most this many jobs per call (run it again for more) ...
+BULK_RETRY_CAP = 10_000
+#: ... in statements of this many rows, so no statement locks a big part of the table
+BULK_RETRY_BATCH = 500
+#: longest a kind, recipient or source filter (or a paused kind) may be
+MAX_NAME = 200
 
 #: What an operator is told about a query error, by SQLSTATE (code, then class prefix):
 #: the kind of trouble only, never the SQL text or the data in the server's message.
@@ -53,8 +68,74 @@ def query_error_message(exc: QueryError) -> str:
 
 
 def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A job row as the admin API and ``--json`` show it (times in ISO 8601)."""
+    """A row as the admin API and ``--json`` show it (times in ISO 8601)."""
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+# "PermanentError: telegram sendMessage: HTTP 400 Bad Request: chat not found"
+# (autom.checks.check, through autom.jobs.retry.describe); telegram.py adds "ok=false".
+_WRAPPED = re.compile(r"^(?P<wrapper>\w+: .+?: HTTP \d{3})(?: ok=false)? (?P<description>.+)$")
+
+
+def error_headline(error: str | None) -> str:
+    """``last_error`` with the external API's own description first, the wrapper after it.
+
+    "PermanentError: telegram sendMessage: HTTP 400 Bad Request: chat not found"
+    reads "Bad Request: chat not found (PermanentError: telegram sendMessage: HTTP
+    400)": cut to a terminal's width, the part that says what went wrong stays.
+    Other texts come back unchanged (whitespace collapsed).
+    """
+    text = " ".join((error or "").split())
+    match = _WRAPPED.match(text)
+    if match is None:
+        return text
+    return f"{match['description']} ({match['wrapper']})"
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a list (or a bulk retry) is about; ``None`` = any. ``since``/``until`` bound created_at."""
+
+    status: str | None = None
+    kind: str | None = None
+    recipient: str | None = None
+    event_id: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The filter as the named parameters of ``ops_list_jobs``."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BulkRetry:
+    """What ``retry_failed`` did: ``retried`` jobs are pending again; ``skipped`` had left
+    ``failed`` meanwhile; ``more`` is true when the cap stopped it (run it again)."""
+
+    retried: list[int]
+    skipped: int
+    more: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The admin API's answer."""
+        return {"retried": len(self.retried), "skipped": self.skipped, "more": self.more, "ids": self.retried}
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A count that stopped at ``cap``: shown "1,000+" rather than a made-up exact number."""
+
+    n: int
+    cap: int
+
+    @property
+    def capped(self) -> bool:
+        """Whether the real number may be larger."""
+        return self.n >= self.cap
+
+    def __str__(self) -> str:
+        return f"{self.cap:,}+" if self.capped else f"{self.n:,}"
 
 
 class Operations:
@@ -69,9 +150,22 @@ class Operations:
         self.sources = replay_sources() if sources is None else sources
         self.store = JobStore(db)
 
-    async def list_jobs(self, *, status: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict]:
-        """The newest jobs, optionally of one status and/or kind."""
-        rows = await self.db.fetch_all(Q.ops_list_jobs, {"status": status, "kind": kind, "limit": limit})
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def list_jobs(
+        self, filt: JobFilter | None = None, *, limit: int = 50, before: int | None = None,
+        statement_seconds: float | None = None,
+    ) -> list[dict]:
+        """The newest jobs matching ``filt``, older than id ``before`` (keyset paging).
+
+        ``statement_seconds``: how long the query may run (``QueryError`` 57014 past it); the
+        console passes one, the CLI and the admin API keep the pool's backstop.
+        """
+        params = {**(filt or JobFilter()).params(), "limit": limit, "before": before}
+        if statement_seconds is None:
+            rows = await self.db.fetch_all(Q.ops_list_jobs, params)
+        else:
+            rows = await fetch_all_bounded(self.db, Q.ops_list_jobs, params, seconds=statement_seconds)
         return [job_json(r) for r in rows]
 
     async def failed_jobs(self, limit: int = 20) -> list[dict]:
@@ -79,35 +173,118 @@ class Operations:
         return [job_json(r) for r in await self.db.fetch_all(Q.ops_failed_jobs, {"limit": limit})]
 
     async def get_job(self, job_id: int) -> dict:
-        """One job; ``NotFound`` if there is none with that id."""
+        """One job with its ``attempt_log``; ``NotFound`` if there is none with that id.
+
+        The log has one entry per attempt: the ones that did not end done come from
+        ``job_attempts`` (written by a trigger, migrations/0008); the attempt running
+        now, or the one that ended done, from the job row itself.
+        """
         row = await self.db.fetch_one(Q.ops_get_job, {"id": job_id})
         if row is None:
             raise NotFound(f"no job with id {job_id}")
-        return job_json(row)
+        log = [job_json(a) for a in await self.db.fetch_all(Q.ops_job_attempts, {"id": job_id})]
+        claimed = row.pop("claimed_at")
+        if row["status"] in ("running", "done") and row["attempts"] > 0:
+            log.append(job_json({
+                "attempt": row["attempts"], "started_at": claimed,
+                "ended_at": row["finished_at"] if row["status"] == "done" else None,
+                "outcome": row["status"], "error": None,
+            }))
+        job = job_json(row)
+        job["attempt_log"] = log
+        return job
 
     async def retry_job(self, job_id: int) -> dict:
-        """Put a failed (or pending) job back in the queue now with its attempts reset.
+        """Put a failed, cancelled (or pending) job back in the queue now with its attempts reset.
 
         ``Conflict`` for a running or done job (replay its event instead), ``NotFound``
         for an unknown id.
         """
-        row = await self.db.fetch_one(Q.ops_retry_job, {"id": job_id})
+        rows = await self.db.fetch_all(Q.ops_retry_jobs, {"ids": [job_id], "statuses": list(RETRYABLE)})
+        if not rows:
+            job = await self.get_job(job_id)
+            hint = f"replay event {job['event_id']} to run its jobs again as new jobs" if job["event_id"] else \
+                "it has no event to replay: enqueue a new job"
+            if job["status"] == "running":
+                hint = f"it runs now and is retried by itself if it fails; or {hint}"
+            raise Conflict(f"job {job_id} is {job['status']}: only a failed, cancelled or pending job can be "
+                           f"retried ({hint})")
+        return job_json(rows[0])
+
+    async def cancel_job(self, job_id: int) -> dict:
+        """A pending job (also one waiting for its retry) ends ``cancelled``; ``Conflict`` otherwise."""
+        row = await self.db.fetch_one(Q.ops_cancel_job, {"id": job_id})
         if row is None:
             job = await self.get_job(job_id)
-            raise Conflict(f"job {job_id} is {job['status']}: only a failed or pending job can be retried "
-                           "(replay its event to run it again)")
+            raise Conflict(f"job {job_id} is {job['status']}: only a pending job (also one waiting for its "
+                           "retry) can be cancelled")
         return job_json(row)
+
+    async def count_failed(self, kind: str | None = None, since: datetime | None = None,
+                           cap: int = BULK_RETRY_CAP) -> Capped:
+        """How many failed jobs ``retry_failed(kind, since)`` would take, counted up to ``cap``."""
+        n = await self.db.fetch_val(Q.ops_count_failed, {"kind": kind, "since": since, "cap": cap})
+        return Capped(int(n or 0), cap)
+
+    async def retry_failed(self, kind: str | None = None, since: datetime | None = None, *,
+                           cap: int = BULK_RETRY_CAP, batch: int = BULK_RETRY_BATCH) -> BulkRetry:
+        """Retry every failed job of ``kind`` that failed at or after ``since`` (each optional).
+
+        At most ``cap`` jobs per call, in statements of ``batch`` rows, oldest first;
+        a job that left ``failed`` meanwhile (retried or deleted by someone else) is
+        counted in ``skipped``.
+        """
+        ids = [r["id"] for r in await self.db.fetch_all(
+            Q.ops_failed_ids, {"kind": kind, "since": since, "limit": cap + 1})]
+        more = len(ids) > cap
+        ids = ids[:cap]
+        retried: list[int] = []
+        for start in range(0, len(ids), batch):
+            chunk = ids[start:start + batch]
+            rows = await self.db.fetch_all(Q.ops_retry_jobs, {"ids": chunk, "statuses": ["failed"]})
+            retried.extend(r["id"] for r in rows)
+        return BulkRetry(retried=retried, skipped=len(ids) - len(retried), more=more)
+
+    # -- kinds -----------------------------------------------------------------------------
+
+    async def pause_kind(self, kind: str) -> bool:
+        """Pause ``kind`` (its jobs stay pending, on every replica); False if it was paused already."""
+        return await self.db.fetch_one(Q.ops_pause_kind, {"kind": kind}) is not None
+
+    async def resume_kind(self, kind: str) -> bool:
+        """Resume ``kind``; False if it was not paused."""
+        return await self.db.fetch_one(Q.ops_resume_kind, {"kind": kind}) is not None
+
+    async def paused_kinds(self) -> list[dict]:
+        """The paused kinds, with when each was paused."""
+        return [job_json(r) for r in await self.db.fetch_all(Q.ops_paused_kinds)]
+
+    # -- events ----------------------------------------------------------------------------
 
     async def get_event(self, event_id: int) -> dict:
         """One stored event with the ids of its jobs; ``NotFound`` if there is none."""
         return job_json(await events.fetch_event(self.db, event_id))
 
+    async def list_events(
+        self, *, source: str | None = None, since: datetime | None = None, until: datetime | None = None,
+        before: int | None = None, limit: int = 50, statement_seconds: float | None = None,
+    ) -> list[dict]:
+        """The newest events (no bodies: their size), optionally of one source and time range."""
+        params = {"source": source, "since": since, "until": until, "before": before, "limit": limit}
+        if statement_seconds is None:
+            rows = await self.db.fetch_all(Q.ops_list_events, params)
+        else:
+            rows = await fetch_all_bounded(self.db, Q.ops_list_events, params, seconds=statement_seconds)
+        return [job_json(r) for r in rows]
+
     async def replay_event(self, event_id: int) -> list[int]:
-        """Parse a stored event again and create its jobs; returns the ids created (``events.replay_event``)."""
+        """Parse a stored event again and create its jobs anew; the ids created (``events.replay_event``)."""
         return await events.replay_event(self.store, self.sources, event_id)
 
+    # -- the numbers -----------------------------------------------------------------------
+
     async def stats(self) -> dict[str, Any]:
-        """Counts by status and kind, queue lag, failures in the last hour."""
+        """Counts by status and kind, queue lag, failures in the last hour, paused kinds."""
         by_status = dict.fromkeys(JOB_STATUSES, 0)
         by_kind: dict[str, dict[str, int]] = {}
         for count in await health.job_counts(self.db):
@@ -120,4 +297,36 @@ class Operations:
             "by_kind": by_kind,
             "queue_lag_seconds": round(lag, 3),
             "failed_last_hour": failed,
+            "paused_kinds": [r["kind"] for r in await self.paused_kinds()],
         }
+
+    async def overview_counts(self, cap: int, statement_seconds: float) -> dict[str, dict[str, Capped]]:
+        """Jobs per kind and status, each count capped at ``cap`` (the console's overview)."""
+        rows = await fetch_all_bounded(self.db, Q.ops_overview_counts, {"cap": cap}, seconds=statement_seconds)
+        counts: dict[str, dict[str, Capped]] = {}
+        for row in rows:
+            counts.setdefault(row["kind"], {})[row["status"]] = Capped(int(row["n"]), cap)
+        return counts
+
+    async def throughput(self, minutes: int, statement_seconds: float) -> list[dict]:
+        """Done and failed jobs per minute over the last ``minutes`` minutes (rows: minute, status, n)."""
+        return await fetch_all_bounded(self.db, Q.ops_throughput, {"minutes": minutes}, seconds=statement_seconds)
+
+    async def health(self, statement_seconds: float) -> dict[str, Any]:
+        """Queue lag, unsent alerts and the last heartbeat, for the overview."""
+        # the lag as autom.jobs.health defines it (its query), bounded like every console read
+        lag = await fetch_all_bounded(self.db, Q.health_queue_lag, None, seconds=statement_seconds)
+        alerts = await fetch_all_bounded(self.db, Q.ops_unsent_alerts, None, seconds=statement_seconds)
+        beat = await fetch_all_bounded(self.db, Q.ops_heartbeat, None, seconds=statement_seconds)
+        return {
+            "queue_lag_seconds": float(lag[0]["lag"] or 0.0) if lag else 0.0,
+            "unsent_alerts": int(alerts[0]["count"]) if alerts else 0,
+            "last_heartbeat": beat[0]["updated_at"] if beat else None,
+        }
+
+    async def event_jobs(self, job_ids: Sequence[int]) -> list[dict]:
+        """The jobs of an event (ids from ``get_event``), oldest first."""
+        if not job_ids:
+            return []
+        rows = await self.db.fetch_all(Q.ops_jobs_by_ids, {"ids": list(job_ids)})
+        return [job_json(r) for r in rows]

@@ -28,8 +28,9 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):
 -- at most one per recipient, recipients in least-recently-served order, a
 -- recipient only while it has no unexpired running job; recipient-less jobs by
--- due time. The two lanes take turns (see pick), so a backlog in one cannot hold
--- back the other. Each claim takes a new lease generation and counts an attempt.
+-- due time. Jobs of a paused kind (paused_kinds, migrations/0008) are skipped.
+-- The two lanes take turns (see pick), so a backlog in one cannot hold back the
+-- other. Each claim takes a new lease generation and counts an attempt.
 -- The claim commits synchronously (unlike complete, renew and release): see
 -- autom/jobs/store.py.
 with idle as (
@@ -56,19 +57,21 @@ rc as (
     select r.recipient, h.id, r.last_served
     from recipients r
     cross join lateral (
-        select j.id from jobs j
+        select j.id, j.kind from jobs j
         where j.recipient = r.recipient and j.due_at is not null and j.due_at <= now()
         order by j.run_at
         limit 1
     ) h
     where r.next_due_at <= now() and (r.busy_until is null or r.busy_until < now())
+      -- a paused kind at a recipient's head holds the recipient back (its order stays)
+      and h.kind <> all (select p.kind from paused_kinds p)
     order by r.last_served nulls first
     limit %(n)s
     for update of r skip locked
 ),
 nc as (
     select j.id, j.due_at from jobs j
-    where j.recipient is null and j.due_at <= now()
+    where j.recipient is null and j.due_at <= now() and j.kind <> all (select p.kind from paused_kinds p)
     order by j.due_at
     limit %(n)s
     for update skip locked
@@ -96,7 +99,8 @@ claimed as (
     -- for a claim of 63 out of a 20,000-job backlog
     update jobs j
        set status = 'running', attempts = j.attempts + 1, lease = j.lease + 1,
-           locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+           locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now(),
+           claimed_at = now()
      where j.id = any (array(select id from pick)) and j.due_at <= now()
     returning j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease, j.locked_until,
               j.recipient, j.key, j.event_id, j.run_at

@@ -1,12 +1,20 @@
 -- Operations' queries (autom/ops.py): what the CLI and the admin API read and fix.
 
 -- name: ops_list_jobs
--- Newest first; status and kind filters are optional (NULL = any).
+-- Newest first; every filter is optional (NULL = any). "before" is the keyset
+-- cursor (the last id of the previous page): an index walk from there, never an
+-- OFFSET scan. since/until bound created_at. The statement is planned with its
+-- values (not prepared), so the NULL tests of absent filters fold away.
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
        recipient, payload, created_at, updated_at, finished_at
 from jobs
 where (%(status)s::text is null or status = %(status)s)
   and (%(kind)s::text is null or kind = %(kind)s)
+  and (%(recipient)s::text is null or recipient = %(recipient)s)
+  and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+  and (%(since)s::timestamptz is null or created_at >= %(since)s)
+  and (%(until)s::timestamptz is null or created_at < %(until)s)
+  and (%(before)s::bigint is null or id < %(before)s)
 order by id desc
 limit %(limit)s;
 
@@ -21,33 +29,140 @@ limit %(limit)s;
 
 -- name: ops_get_job
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
-       recipient, payload, created_at, updated_at, finished_at
+       recipient, payload, created_at, updated_at, finished_at, claimed_at
 from jobs where id = %(id)s;
 
--- name: ops_retry_job
--- A failed (or pending) job back in the queue now with its attempts reset; a
--- running or done job is left alone (the caller answers 409 / exit 1). Returns the row
--- as this update left it: a worker may claim the job the moment it commits.
+-- name: ops_jobs_by_ids
+-- An event's jobs (its page), oldest first.
+select id, kind, status, attempts, max_attempts, last_error, key, recipient, created_at, finished_at
+from jobs where id = any (%(ids)s::bigint[]) order by id limit 500;
+
+-- name: ops_job_attempts
+-- The attempts of a job that did not end done, oldest first (migrations/0008).
+select attempt, started_at, ended_at, outcome, error
+from job_attempts where job_id = %(id)s order by id
+limit 1000;
+
+-- name: ops_retry_jobs
+-- Jobs back in the queue now with their attempts reset, if their status is one of
+-- %(statuses)s (one job: failed, cancelled or pending; bulk: failed only); the others
+-- are left alone (the caller answers 409 / counts them skipped). Returns the rows as
+-- this update left them: a worker may claim a job the moment it commits.
 with r as (
     update jobs set status = 'pending', attempts = 0, run_at = now(), finished_at = null,
                     locked_until = null, updated_at = now()
-     where id = %(id)s and status in ('failed', 'pending')
+     where id = any (%(ids)s::bigint[]) and status = any (%(statuses)s::text[])
     returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
               recipient, payload, created_at, updated_at, finished_at
 ),
 rcpt as (
     insert into recipients as rc (recipient, next_due_at)
-    select recipient, run_at from r where recipient is not null
+    select recipient, min(run_at) from r where recipient is not null group by recipient
     on conflict (recipient) do update
         set next_due_at = least(rc.next_due_at, excluded.next_due_at), ver = rc.ver + 1
 ),
-wake as (select pg_notify('autom_jobs', '') from r)
-select r.* from r, (select count(*) from wake) w;
+wake as (select pg_notify('autom_jobs', '') from r limit 1)
+select r.* from r, (select count(*) from wake) w order by r.id;
+
+-- name: ops_cancel_job
+-- A pending job (also one waiting for its retry) ends cancelled: it is never
+-- claimed (due_at becomes NULL) and raises no alert. The NOTIFY wakes the workers:
+-- the cancelled job may have held back its recipient's later jobs.
+with c as (
+    update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now()
+     where id = %(id)s and status = 'pending'
+    returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
+              recipient, payload, created_at, updated_at, finished_at
+),
+wake as (select pg_notify('autom_jobs', '') from c)
+select c.* from c, (select count(*) from wake) w;
+
+-- name: ops_failed_ids
+-- The failed jobs a bulk retry takes (kind and since = finished at or after are
+-- optional), oldest first, at most %(limit)s: the caller retries them in batches.
+select id from jobs
+where status = 'failed'
+  and (%(kind)s::text is null or kind = %(kind)s)
+  and (%(since)s::timestamptz is null or finished_at >= %(since)s)
+order by id
+limit %(limit)s;
+
+-- name: ops_count_failed
+-- How many failed jobs a bulk retry would take, counted up to %(cap)s only (a count
+-- of a whole big table costs what a page must not; the caller shows "cap+").
+select count(*) from (
+    select 1 from jobs
+    where status = 'failed'
+      and (%(kind)s::text is null or kind = %(kind)s)
+      and (%(since)s::timestamptz is null or finished_at >= %(since)s)
+    limit %(cap)s
+) c;
 
 -- name: ops_get_event
 select e.id, e.source, e.received_at, e.dedup_key, e.headers, e.body,
        coalesce((select array_agg(j.id order by j.id) from jobs j where j.event_id = e.id), '{}') as job_ids
 from events e where e.id = %(id)s;
+
+-- name: ops_list_events
+-- Newest first; source and received_at bounds optional; "before" as in ops_list_jobs.
+select e.id, e.source, e.received_at, e.dedup_key, octet_length(e.body) as body_bytes,
+       (select count(*) from jobs j where j.event_id = e.id) as jobs
+from events e
+where (%(source)s::text is null or e.source = %(source)s)
+  and (%(since)s::timestamptz is null or e.received_at >= %(since)s)
+  and (%(until)s::timestamptz is null or e.received_at < %(until)s)
+  and (%(before)s::bigint is null or e.id < %(before)s)
+order by e.id desc
+limit %(limit)s;
+
+-- name: ops_pause_kind
+-- Returns a row only when the kind was not paused already.
+insert into paused_kinds (kind) values (%(kind)s) on conflict (kind) do nothing returning kind, paused_at;
+
+-- name: ops_resume_kind
+-- Returns a row only when the kind was paused; the NOTIFY wakes idle workers of every replica.
+with r as (delete from paused_kinds where kind = %(kind)s returning kind),
+wake as (select pg_notify('autom_jobs', '') from r)
+select r.kind from r, (select count(*) from wake) w;
+
+-- name: ops_paused_kinds
+select kind, paused_at from paused_kinds order by kind;
+
+-- name: ops_statement_timeout
+-- For the rest of the current transaction only (the console's bounded reads).
+select set_config('statement_timeout', %(ms)s, true);
+
+-- name: ops_overview_counts
+-- Jobs by kind and status for the console's overview, each count capped at %(cap)s
+-- (a count stops at the cap: "1,000+" costs what 1,000 rows cost, at any table
+-- size). Kinds come from a loose index scan of jobs_kind_status (one index probe per
+-- kind, not a scan of every row), at most 100 of them.
+with recursive kinds as (
+    (select kind from jobs order by kind limit 1)
+    union all
+    select (select j.kind from jobs j where j.kind > k.kind order by j.kind limit 1)
+    from kinds k where k.kind is not null
+),
+k as (select kind from kinds where kind is not null limit 100)
+select k.kind, s.status,
+       (select count(*) from (select 1 from jobs j where j.kind = k.kind and j.status = s.status
+                              limit %(cap)s) c) as n
+from k cross join unnest(array['pending', 'running', 'done', 'failed', 'cancelled']) as s (status)
+order by k.kind, s.status;
+
+-- name: ops_throughput
+-- Done and failed jobs per minute over the last %(minutes)s minutes (jobs_finished).
+select date_trunc('minute', finished_at) as minute, status, count(*) as n
+from jobs
+where status in ('done', 'failed') and finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+group by 1, 2
+order by 1;
+
+-- name: ops_unsent_alerts
+select count(*) from alerts where sent_at is null;
+
+-- name: ops_heartbeat
+select updated_at from service_state where name = 'heartbeat';
 
 -- name: state_get
 select value, updated_at from service_state where name = %(name)s;
@@ -63,11 +178,12 @@ on conflict (name) do update set value = excluded.value, updated_at = excluded.u
 returning name, (xmax = 0) as inserted;
 
 -- name: prune_done_jobs
--- Finished jobs past retention, a batch at a time. Jobs with a key are kept at
+-- Finished (done or cancelled) jobs past retention, a batch at a time (their
+-- job_attempts rows go with them: on delete cascade). Jobs with a key are kept at
 -- least key_keep_seconds so a schedule slot can never be enqueued (and run) twice.
 delete from jobs where id in (
     select id from jobs
-    where status = 'done' and finished_at < now() - make_interval(secs => %(keep_seconds)s)
+    where status in ('done', 'cancelled') and finished_at < now() - make_interval(secs => %(keep_seconds)s)
       and (key is null or created_at < now() - make_interval(secs => %(key_keep_seconds)s))
     limit %(batch)s
 );
@@ -77,7 +193,7 @@ delete from jobs where id in (
 delete from events where id in (
     select e.id from events e
     where e.received_at < now() - make_interval(secs => %(keep_seconds)s)
-      and not exists (select 1 from jobs j where j.event_id = e.id and j.status <> 'done')
+      and not exists (select 1 from jobs j where j.event_id = e.id and j.status not in ('done', 'cancelled'))
     limit %(batch)s
 );
 
