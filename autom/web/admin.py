@@ -9,15 +9,26 @@ match an empty header).
 
 Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 
-* ``GET  /admin/jobs?status=&kind=&limit=50``  200 ``{"jobs": [...]}``, newest first;
-  400 for a status outside pending/running/done/failed or a limit outside 1..1000.
-  Empty values mean "not given"; unknown parameters are ignored.
-* ``GET  /admin/jobs/{id}``                    200 the job; 404 unknown.
+* ``GET  /admin/jobs?status=&kind=&recipient=&event_id=&since=&until=&before=&limit=50``
+  200 ``{"jobs": [...]}``, newest first (``before``: the keyset cursor, the last id
+  of the previous page; ``since``/``until`` bound created_at, ISO 8601 or an age
+  such as ``6h``).
+* ``GET  /admin/jobs/{id}``                    200 the job with its ``attempt_log``; 404 unknown.
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
+* ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled; 409 unless pending; 404.
+* ``POST /admin/retry-failed?kind=&since=``  200 ``{"retried","skipped","more","ids"}``: every
+  failed job matching, at most ``BULK_RETRY_CAP`` a call, in batches.
+* ``GET  /admin/events?source=&since=&until=&before=&limit=50``  200 ``{"events": [...]}``.
 * ``GET  /admin/events/{id}``                  200 the event with its ``job_ids``; 404.
-* ``POST /admin/events/{id}/replay``           202 ``{"jobs": [ids created]}``; 409 source
-  unknown or body unparsable; 404.
-* ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour.
+* ``POST /admin/events/{id}/replay``           202 ``{"jobs": [ids created]}`` (always new jobs);
+  409 source unknown or body unparsable; 404.
+* ``GET  /admin/kinds/paused``                 200 ``{"paused": [{"kind","paused_at"}]}``.
+* ``POST /admin/kinds/{kind}/pause`` / ``resume``  200 ``{"kind","paused","changed"}``.
+* ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour, paused kinds.
+
+Every query parameter is checked (``autom.web.params``): an unknown one, one
+given twice or a malformed value is 400 naming it, never silently ignored; an
+empty value counts as not given.
 
 A path id must be a positive integer that fits PostgreSQL's ``bigint`` (ASCII
 digits only: ``int()`` would also take "١٢", " 7" or "1_0"); anything else is
@@ -33,28 +44,39 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from quart import Blueprint, Response, request
 
 from autom.deps import Deps
-from autom.errors import BadRequest, Conflict, DatabaseUnavailable, QueryError
+from autom.errors import Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
-from autom.ops import JOB_STATUSES, Operations, query_error_message
+from autom.ops import BULK_RETRY_CAP, JobFilter, Operations, query_error_message
+from autom.web import params as p
+from autom.web.params import MAX_ID, BadParameter
 from autom.web.responses import error_response, json_response
 
 log = logging.getLogger("autom.admin")
 
-#: ``limit`` of ``GET /admin/jobs``: default and bounds.
+#: ``limit`` of the lists: default and bounds.
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
-#: Largest id PostgreSQL's ``bigint`` holds; larger ones cannot exist (and would not bind).
-MAX_ID = 2**63 - 1
 
-_DIGITS = re.compile(r"[0-9]{1,19}")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+#: the query parameters of each list (``autom.web.params``)
+JOB_FILTERS: dict[str, p.Parser] = {
+    "status": p.status, "kind": p.text, "recipient": p.text, "event_id": p.ident,
+    "since": p.when, "until": p.when,
+}
+JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
+EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
+RETRY_FAILED = {"kind": p.text, "since": p.when}
+#: routes that take no query parameter at all
+NONE: dict[str, p.Parser] = {}
+
+__all__ = ["MAX_ID", "MAX_LIMIT", "admin_blueprint", "bearer_token", "parse_id"]
 
 
 def admin_blueprint(deps: Deps) -> Blueprint:
@@ -63,12 +85,23 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     admin = Admin(deps)
     bp.before_request(admin.authenticate)
     bp.add_url_rule("/jobs", "list_jobs", admin.list_jobs, methods=["GET"])
+    bp.add_url_rule("/retry-failed", "retry_failed", admin.retry_failed, methods=["POST"])
     bp.add_url_rule("/jobs/<job_id>", "get_job", admin.get_job, methods=["GET"])
     bp.add_url_rule("/jobs/<job_id>/retry", "retry_job", admin.retry_job, methods=["POST"])
+    bp.add_url_rule("/jobs/<job_id>/cancel", "cancel_job", admin.cancel_job, methods=["POST"])
+    bp.add_url_rule("/events", "list_events", admin.list_events, methods=["GET"])
     bp.add_url_rule("/events/<event_id>", "get_event", admin.get_event, methods=["GET"])
     bp.add_url_rule("/events/<event_id>/replay", "replay_event", admin.replay_event, methods=["POST"])
+    bp.add_url_rule("/kinds/paused", "paused_kinds", admin.paused_kinds, methods=["GET"])
+    bp.add_url_rule("/kinds/<kind>/pause", "pause_kind", admin.pause_kind, methods=["POST"])
+    bp.add_url_rule("/kinds/<kind>/resume", "resume_kind", admin.resume_kind, methods=["POST"])
     bp.add_url_rule("/stats", "stats", admin.stats, methods=["GET"])
     return bp
+
+
+def query(spec: Mapping[str, p.Parser]) -> dict[str, Any]:
+    """This request's query parameters checked against ``spec`` (``BadParameter`` otherwise)."""
+    return p.parse_query(request.args.items(multi=True), spec)
 
 
 class Admin:
@@ -103,20 +136,15 @@ class Admin:
     async def list_jobs(self) -> Response:
         """``GET /admin/jobs``: 200 ``{"jobs": [...]}``, newest first; 400 for bad filters."""
         try:
-            status = _optional(request.args.get("status"))
-            if status is not None and status not in JOB_STATUSES:
-                raise BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
-            kind = _optional(request.args.get("kind"))
-            if kind is not None and "\x00" in kind:
-                # PostgreSQL text cannot hold NUL: the driver would refuse the parameter (a 500)
-                raise BadRequest("kind must not contain a NUL character")
-            limit = parse_limit(request.args.get("limit"))
-        except BadRequest as exc:
+            q = query(JOB_LIST)
+        except BadParameter as exc:
             return error_response(400, str(exc))
-        return await self._answer(200, lambda: self._ops.list_jobs(status=status, kind=kind, limit=limit), "jobs")
+        filt = JobFilter(**{k: q[k] for k in JOB_FILTERS})
+        return await self._answer(
+            200, lambda: self._ops.list_jobs(filt, limit=q["limit"] or DEFAULT_LIMIT, before=q["before"]), "jobs")
 
     async def get_job(self, job_id: str) -> Response:
-        """``GET /admin/jobs/{id}``: 200 the job; 400 malformed id; 404 unknown."""
+        """``GET /admin/jobs/{id}``: 200 the job with its attempt log; 400 malformed id; 404 unknown."""
         return await self._with_id(job_id, "job", 200, self._ops.get_job)
 
     async def retry_job(self, job_id: str) -> Response:
@@ -129,6 +157,45 @@ class Admin:
             return job
 
         return await self._with_id(job_id, "job", 200, retry)
+
+    async def cancel_job(self, job_id: str) -> Response:
+        """``POST /admin/jobs/{id}/cancel``: 200 the job, now cancelled; 409 unless pending; 404 unknown."""
+
+        async def cancel(ident: int) -> dict[str, Any]:
+            job = await self._ops.cancel_job(ident)
+            # its recipient's later jobs may be free to run now
+            self._deps.doorbell.set()
+            log.info("admin: job %d cancelled", ident, extra={"job_id": ident, "kind": job["kind"]})
+            return job
+
+        return await self._with_id(job_id, "job", 200, cancel)
+
+    async def retry_failed(self) -> Response:
+        """``POST /admin/retry-failed?kind=&since=``: 200 how many were retried and skipped."""
+        try:
+            q = query(RETRY_FAILED)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+
+        async def retry() -> dict[str, Any]:
+            result = await self._ops.retry_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP)
+            if result.retried:
+                self._deps.doorbell.set()
+            log.info("admin: retried %d failed job(s), skipped %d", len(result.retried), result.skipped,
+                     extra={"count": len(result.retried)})
+            return result.as_json()
+
+        return await self._answer(200, retry)
+
+    async def list_events(self) -> Response:
+        """``GET /admin/events``: 200 ``{"events": [...]}``, newest first; 400 for bad filters."""
+        try:
+            q = query(EVENT_LIST)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+        return await self._answer(200, lambda: self._ops.list_events(
+            source=q["source"], since=q["since"], until=q["until"], before=q["before"],
+            limit=q["limit"] or DEFAULT_LIMIT), "events")
 
     async def get_event(self, event_id: str) -> Response:
         """``GET /admin/events/{id}``: 200 the event with its ``job_ids``; 400 malformed id; 404 unknown."""
@@ -147,17 +214,54 @@ class Admin:
 
         return await self._with_id(event_id, "event", 202, replay)
 
+    async def paused_kinds(self) -> Response:
+        """``GET /admin/kinds/paused``: 200 ``{"paused": [...]}``."""
+        return await self._plain(self._ops.paused_kinds, "paused")
+
+    async def pause_kind(self, kind: str) -> Response:
+        """``POST /admin/kinds/{kind}/pause``: 200; its jobs stay pending until resumed."""
+        return await self._kind(kind, pause=True)
+
+    async def resume_kind(self, kind: str) -> Response:
+        """``POST /admin/kinds/{kind}/resume``: 200; its jobs run again."""
+        return await self._kind(kind, pause=False)
+
     async def stats(self) -> Response:
         """``GET /admin/stats``: 200 jobs by status and kind, queue lag, failures in the last hour."""
-        return await self._answer(200, self._ops.stats)
+        return await self._plain(self._ops.stats)
+
+    async def _kind(self, raw: str, *, pause: bool) -> Response:
+        try:
+            query(NONE)
+            kind = p.text("kind", raw)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+
+        async def change() -> dict[str, Any]:
+            changed = await (self._ops.pause_kind(kind) if pause else self._ops.resume_kind(kind))
+            if changed and not pause:
+                self._deps.doorbell.set()
+            log.info("admin: kind %s %s", kind, "paused" if pause else "resumed", extra={"kind": kind})
+            return {"kind": kind, "paused": pause, "changed": changed}
+
+        return await self._answer(200, change)
+
+    async def _plain(self, op: Callable[[], Awaitable[Any]], wrap: str | None = None) -> Response:
+        """A route without parameters: any query parameter is 400."""
+        try:
+            query(NONE)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+        return await self._answer(200, op, wrap)
 
     async def _with_id(
         self, raw: str, what: str, status: int, op: Callable[[int], Awaitable[dict[str, Any]]]
     ) -> Response:
         """Parse the path id (400 if malformed), then answer ``op(id)``."""
         try:
+            query(NONE)
             ident = parse_id(raw, what)
-        except BadRequest as exc:
+        except BadParameter as exc:
             return error_response(400, str(exc))
         return await self._answer(status, lambda: op(ident))
 
@@ -195,24 +299,8 @@ def bearer_token(value: bytes) -> bytes | None:
 
 
 def parse_id(raw: str, what: str) -> int:
-    """A path id: ASCII digits, 1 ≤ id ≤ 2^63-1 (``bigint``); else ``BadRequest``."""
-    if _DIGITS.fullmatch(raw) is None or not 1 <= (ident := int(raw)) <= MAX_ID:
-        raise BadRequest(f"{what} id must be a positive integer (at most {MAX_ID})")
-    return ident
-
-
-def parse_limit(raw: str | None) -> int:
-    """``limit`` of ``GET /admin/jobs``: absent or empty = 50, else ASCII digits in 1..1000."""
-    if raw is None or raw == "":
-        return DEFAULT_LIMIT
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= MAX_LIMIT:
-        raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
-    return int(raw)
-
-
-def _optional(value: str | None) -> str | None:
-    """A query value, with an empty one (``?status=``) counting as not given."""
-    return value or None
+    """A path id: ASCII digits, 1 ≤ id ≤ 2^63-1 (``bigint``); else ``BadParameter`` (a ``BadRequest``)."""
+    return p.ident(f"{what} id", raw)
 
 
 def _unauthorized(message: str) -> Response:

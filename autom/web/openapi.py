@@ -21,7 +21,7 @@ from typing import Any
 from quart import Blueprint, Response
 
 from autom import __version__
-from autom.ops import JOB_STATUSES
+from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, MAX_NAME
 from autom.web.admin import DEFAULT_LIMIT, MAX_ID, MAX_LIMIT
 from autom.web.responses import json_response
 
@@ -49,8 +49,22 @@ _UNAUTHORIZED = _error(
     {"WWW-Authenticate": {"required": True, "schema": {"type": "string", "const": "Bearer"}}},
 )
 _UNAVAILABLE = _error("The database is unavailable.")
-_BAD_ID = _error("The id is not a positive integer that fits a bigint.")
+_BAD_ID = _error("The id is not a positive integer that fits a bigint, or a query parameter was given.")
 _SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
+_NO_QUERY = _error("This route takes no query parameter.")
+_BAD_KIND = _error("A kind that is not printable text of at most 200 characters, or a query parameter.")
+_NAME = {"type": "string", "maxLength": MAX_NAME}
+_ID = {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID}
+_SINCE = {"type": "string", "description": "ISO 8601 (2026-12-01T09:30:00Z) or an age: 90s, 30m, 6h, 7d."}
+_KIND_PARAMETER = {"name": "kind", "in": "path", "required": True, "description": "The job kind.",
+                   "schema": {"type": "string", "maxLength": MAX_NAME}}
+
+
+def _query(name: str, schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    parameter: dict[str, Any] = {"name": name, "in": "query", "required": False, "schema": schema}
+    if description:
+        parameter["description"] = description
+    return parameter
 
 
 def _id_parameter(name: str, what: str) -> dict[str, Any]:
@@ -78,7 +92,7 @@ def _admin_operation(
 
 def _admin_by_id(operation_id: str, summary: str, what: str, responses: dict[str, Any]) -> dict[str, Any]:
     """An /admin operation on one job or event named by its id in the path."""
-    by_id = {"400": _BAD_ID, "404": _error(f"No {what} has this id.")}
+    by_id = {"400": _BAD_ID, "404": _error(f"No {what} has this id.")}  # 400 also for any query parameter
     return _admin_operation(operation_id, summary, {**responses, **by_id},
                             parameters=[_id_parameter(f"{what}_id", what)])
 
@@ -120,6 +134,33 @@ _SCHEMAS: dict[str, Any] = {
             "finished_at": _nullable(_TIME),
         },
     },
+    "JobDetail": {
+        "allOf": [
+            _ref("Job"),
+            {
+                "type": "object",
+                "required": ["attempt_log"],
+                "properties": {
+                    "attempt_log": {
+                        "type": "array", "items": _ref("Attempt"),
+                        "description": "One entry per attempt, oldest first (the one running now included).",
+                    },
+                },
+            },
+        ],
+    },
+    "Attempt": {
+        "type": "object",
+        "required": ["attempt", "started_at", "ended_at", "outcome", "error"],
+        "additionalProperties": False,
+        "properties": {
+            "attempt": {"type": "integer", "minimum": 0, "description": "1 = the first run (since the last retry)."},
+            "started_at": _nullable({**_TIME, "description": "When it was claimed (unknown before migration 0008)."}),
+            "ended_at": _nullable({**_TIME, "description": "NULL while it runs."}),
+            "outcome": {"type": "string", "enum": ["retry", "failed", "lease_expired", "running", "done"]},
+            "error": _nullable({"type": "string"}),
+        },
+    },
     "JobList": {
         "type": "object",
         "required": ["jobs"],
@@ -141,6 +182,57 @@ _SCHEMAS: dict[str, Any] = {
             "job_ids": {"type": "array", "items": {"type": "integer"}, "description": "Its jobs, oldest first."},
         },
     },
+    "EventSummary": {
+        "type": "object",
+        "required": ["id", "source", "received_at", "dedup_key", "body_bytes", "jobs"],
+        "properties": {
+            "id": {"type": "integer", "minimum": 1},
+            "source": {"type": "string"},
+            "received_at": _TIME,
+            "dedup_key": _nullable({"type": "string"}),
+            "body_bytes": {"type": "integer", "minimum": 0},
+            "jobs": {"type": "integer", "minimum": 0, "description": "How many jobs it has."},
+        },
+    },
+    "EventList": {
+        "type": "object",
+        "required": ["events"],
+        "properties": {"events": {"type": "array", "items": _ref("EventSummary"), "description": "Newest first."}},
+    },
+    "BulkRetried": {
+        "type": "object",
+        "required": ["retried", "skipped", "more", "ids"],
+        "additionalProperties": False,
+        "properties": {
+            "retried": {"type": "integer", "minimum": 0, "description": "Jobs put back in the queue."},
+            "skipped": {"type": "integer", "minimum": 0, "description": "Matched, but left failed meanwhile."},
+            "more": {"type": "boolean", "description": f"The cap ({BULK_RETRY_CAP}) was reached: call again."},
+            "ids": {"type": "array", "items": {"type": "integer"}},
+        },
+    },
+    "PausedKinds": {
+        "type": "object",
+        "required": ["paused"],
+        "properties": {
+            "paused": {
+                "type": "array",
+                "items": {
+                    "type": "object", "required": ["kind", "paused_at"],
+                    "properties": {"kind": {"type": "string"}, "paused_at": _TIME},
+                },
+            },
+        },
+    },
+    "KindState": {
+        "type": "object",
+        "required": ["kind", "paused", "changed"],
+        "additionalProperties": False,
+        "properties": {
+            "kind": {"type": "string"},
+            "paused": {"type": "boolean", "description": "Whether the kind is paused now."},
+            "changed": {"type": "boolean", "description": "False when it already was (idempotent)."},
+        },
+    },
     "Replayed": {
         "type": "object",
         "required": ["jobs"],
@@ -148,13 +240,13 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "jobs": {
                 "type": "array", "items": {"type": "integer"},
-                "description": "Ids of the jobs created; jobs whose key exists already are skipped.",
+                "description": "Ids of the jobs created: always new ones (a replayed job's key is made distinct).",
             },
         },
     },
     "Stats": {
         "type": "object",
-        "required": ["jobs", "by_kind", "queue_lag_seconds", "failed_last_hour"],
+        "required": ["jobs", "by_kind", "queue_lag_seconds", "failed_last_hour", "paused_kinds"],
         "properties": {
             "jobs": {
                 "type": "object",
@@ -173,6 +265,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "How long the oldest due pending job has waited (0 when none).",
             },
             "failed_last_hour": {"type": "integer", "minimum": 0},
+            "paused_kinds": {"type": "array", "items": {"type": "string"}},
         },
     },
     "Accepted": {
@@ -294,32 +387,77 @@ _PATHS: dict[str, Any] = {
     },
     "/admin/jobs": {
         "get": _admin_operation(
-            "listJobs", "The newest jobs, optionally of one status and/or kind",
+            "listJobs", "The newest jobs, filtered",
             {
                 "200": _json("The jobs, newest first.", _ref("JobList")),
-                "400": _error(f"A status that is not one of {', '.join(JOB_STATUSES)}, or a limit outside "
-                              f"1..{MAX_LIMIT}."),
+                "400": _error("An unknown, repeated or malformed query parameter (named in the message)."),
             },
-            description="Unknown query parameters are ignored; an empty value counts as not given.",
+            description=(
+                "Every filter is optional; an empty value counts as not given. An unknown query parameter "
+                "is 400, never ignored. Page with `before` = the last id of the previous page."
+            ),
             parameters=[
-                {"name": "status", "in": "query", "required": False,
-                 "schema": {"type": "string", "enum": ["", *JOB_STATUSES]}},
-                {"name": "kind", "in": "query", "required": False, "schema": {"type": "string"}},
-                {"name": "limit", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}},
+                _query("status", {"type": "string", "enum": ["", *JOB_STATUSES]}),
+                _query("kind", _NAME),
+                _query("recipient", _NAME),
+                _query("event_id", _ID),
+                _query("since", _SINCE, "created_at at or after: ISO 8601 (no zone = UTC) or an age (`6h`)."),
+                _query("until", _SINCE, "created_at before: ISO 8601 or an age."),
+                _query("before", _ID, "Keyset cursor: only jobs with a smaller id."),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
             ],
         ),
     },
+    "/admin/retry-failed": {
+        "post": _admin_operation(
+            "retryFailedJobs", "Retry every failed job that matches",
+            {
+                "200": _json("How many were put back in the queue.", _ref("BulkRetried")),
+                "400": _error("An unknown, repeated or malformed query parameter."),
+            },
+            description=(
+                f"At most {BULK_RETRY_CAP} jobs per call, oldest first, in batches; `more` says to call "
+                "again. `since` = failed at or after."
+            ),
+            parameters=[_query("kind", _NAME), _query("since", _SINCE, "Failed at or after (ISO 8601 or an age).")],
+        ),
+    },
     "/admin/jobs/{job_id}": {
-        "get": _admin_by_id("getJob", "One job", "job", {"200": _json("The job.", _ref("Job"))}),
+        "get": _admin_by_id("getJob", "One job with its attempt log", "job",
+                            {"200": _json("The job.", _ref("JobDetail"))}),
     },
     "/admin/jobs/{job_id}/retry": {
         "post": _admin_by_id(
-            "retryJob", "Put a failed (or pending) job back in the queue now, attempts reset", "job",
+            "retryJob", "Put a failed, cancelled (or pending) job back in the queue now, attempts reset", "job",
             {
                 "200": _json("The job as the retry left it: pending, attempts 0.", _ref("Job")),
                 "409": _error("The job is running or done (replay its event instead)."),
             },
+        ),
+    },
+    "/admin/jobs/{job_id}/cancel": {
+        "post": _admin_by_id(
+            "cancelJob", "Cancel a pending job (also one waiting for its retry): it never runs, no alert", "job",
+            {
+                "200": _json("The job, now cancelled.", _ref("Job")),
+                "409": _error("The job is not pending (running, done, failed or cancelled already)."),
+            },
+        ),
+    },
+    "/admin/events": {
+        "get": _admin_operation(
+            "listEvents", "The newest stored events (without bodies)",
+            {
+                "200": _json("The events, newest first.", _ref("EventList")),
+                "400": _error("An unknown, repeated or malformed query parameter."),
+            },
+            parameters=[
+                _query("source", _NAME),
+                _query("since", _SINCE, "Received at or after."),
+                _query("until", _SINCE, "Received before."),
+                _query("before", _ID, "Keyset cursor: only events with a smaller id."),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
+            ],
         ),
     },
     "/admin/events/{event_id}": {
@@ -330,17 +468,37 @@ _PATHS: dict[str, Any] = {
     },
     "/admin/events/{event_id}/replay": {
         "post": _admin_by_id(
-            "replayEvent", "Parse a stored event again and create its jobs", "event",
+            "replayEvent", "Parse a stored event again and create its jobs anew", "event",
             {
-                "202": _json("The jobs created (none when all their keys exist already).", _ref("Replayed")),
-                "409": _error("The event's source is not enabled, or its body does not parse."),
+                "202": _json("The jobs created (also when jobs of the event exist or are done).", _ref("Replayed")),
+                "409": _error("The event's source is not one autom knows, or its body does not parse."),
             },
+        ),
+    },
+    "/admin/kinds/paused": {
+        "get": _admin_operation(
+            "pausedKinds", "The paused kinds",
+            {"200": _json("The paused kinds.", _ref("PausedKinds")), "400": _NO_QUERY},
+        ),
+    },
+    "/admin/kinds/{kind}/pause": {
+        "post": _admin_operation(
+            "pauseKind", "Pause a kind: its jobs stay pending (every replica) until resumed",
+            {"200": _json("Paused.", _ref("KindState")), "400": _BAD_KIND},
+            parameters=[_KIND_PARAMETER],
+        ),
+    },
+    "/admin/kinds/{kind}/resume": {
+        "post": _admin_operation(
+            "resumeKind", "Resume a paused kind",
+            {"200": _json("Resumed.", _ref("KindState")), "400": _BAD_KIND},
+            parameters=[_KIND_PARAMETER],
         ),
     },
     "/admin/stats": {
         "get": _admin_operation(
-            "stats", "Jobs by status and kind, queue lag, failures in the last hour",
-            {"200": _json("The numbers.", _ref("Stats"))},
+            "stats", "Jobs by status and kind, queue lag, failures in the last hour, paused kinds",
+            {"200": _json("The numbers.", _ref("Stats")), "400": _NO_QUERY},
         ),
     },
 }

@@ -1,0 +1,197 @@
+"""The operator's no-dead-end actions over ``/admin`` (issue 13): cancel, bulk retry, pause and
+resume, the attempt log, the events list and the recipient / time filters.
+
+The attempt log is written by a trigger (migrations/0008), so it is tested through the
+queue's own statements (claim, fail, retry_later, release, an expired lease) and once
+end to end through the running service with a Telegram stub that answers 502 first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from autom.jobs.models import NewJob
+from autom.jobs.store import JobStore
+from tests.integration.test_admin import AUTH, insert_job, ping, post_update
+from tests.support.http_app import RunningApp, running_app
+from tests.support.service import post_telegram, running_service, service_settings, telegram_update, wait_until
+from tests.support.telegram_stub import Reply
+
+
+@pytest.fixture
+async def app(db: Any) -> Any:
+    """The HTTP app on a free port, no workers."""
+    async with running_app(db) as running:
+        yield running
+
+
+async def test_cancel_a_pending_job_it_never_runs_and_raises_no_alert(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    job_id = await store.enqueue(NewJob("site.form", {"n": 1}))
+    response = await app.client.post(f"/admin/jobs/{job_id}/cancel", headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert (response.json()["status"], response.json()["id"]) == ("cancelled", job_id)
+    assert await store.claim(5) == []
+    assert await db.fetch_val("select count(*) from alerts") == 0
+    again = await app.client.post(f"/admin/jobs/{job_id}/cancel", headers=AUTH)
+    assert again.status_code == 409 and "is cancelled" in again.json()["error"]
+    # a job waiting for its retry is pending too: it can be cancelled
+    waiting = await store.enqueue(NewJob("site.form", {"n": 2}))
+    claimed = await store.claim_one()
+    assert claimed is not None and claimed.id == waiting
+    await store.fail(claimed, "TransientError: try later")
+    assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "pending"
+    assert (await app.client.post(f"/admin/jobs/{waiting}/cancel", headers=AUTH)).status_code == 200
+    for status in ("running", "done", "failed"):
+        other = await insert_job(db, status=status, attempts=1)
+        refused = await app.client.post(f"/admin/jobs/{other}/cancel", headers=AUTH)
+        assert refused.status_code == 409 and f"is {status}" in refused.json()["error"], status
+    assert (await app.client.post("/admin/jobs/98765/cancel", headers=AUTH)).status_code == 404
+
+
+async def test_a_cancelled_head_frees_its_recipients_later_jobs(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    first = await store.enqueue(NewJob("site.form", {"n": 1}, recipient="chat-1"))
+    second = await store.enqueue(NewJob("site.form", {"n": 2}, recipient="chat-1"))
+    assert (await app.client.post(f"/admin/jobs/{first}/cancel", headers=AUTH)).status_code == 200
+    claimed = await store.claim(5)
+    assert [j.id for j in claimed] == [second]
+
+
+async def test_bulk_retry_of_failed_jobs_counts_and_filters(app: RunningApp, db: Any) -> None:
+    a = [await insert_job(db, kind="a", status="failed", attempts=8, last_error="boom") for _ in range(3)]
+    b = await insert_job(db, kind="b", status="failed", attempts=8)
+    old = await insert_job(db, kind="a", status="failed", attempts=8, finished_at="2020-01-01T00:00:00Z")
+    done = await insert_job(db, kind="a", status="done", attempts=1)
+    response = await app.client.post("/admin/retry-failed?kind=a&since=1h", headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["retried"], body["skipped"], body["more"], sorted(body["ids"])) == (3, 0, False, a)
+    statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
+    assert statuses == {**dict.fromkeys(a, "pending"), b: "failed", old: "failed", done: "done"}
+    everything = (await app.client.post("/admin/retry-failed", headers=AUTH)).json()
+    assert (everything["retried"], sorted(everything["ids"])) == (2, sorted([b, old]))
+    for query in ("status=failed", "kind=", "since=soon", "limit=5"):
+        bad = await app.client.post(f"/admin/retry-failed?{query}", headers=AUTH)
+        assert bad.status_code == (200 if query == "kind=" else 400), (query, bad.text)
+
+
+async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:
+    from autom.ops import Operations
+
+    ids = [await insert_job(db, kind="a", status="failed", attempts=8) for _ in range(7)]
+    ops = Operations(db)
+    assert str(await ops.count_failed(cap=5)) == "5+"
+    assert str(await ops.count_failed(cap=50)) == "7"
+    first = await ops.retry_failed(cap=5, batch=2)
+    assert (first.retried, first.skipped, first.more) == (ids[:5], 0, True)
+    rest = await ops.retry_failed(cap=5, batch=2)
+    assert (rest.retried, rest.skipped, rest.more) == (ids[5:], 0, False)
+
+
+async def test_pause_holds_a_kind_on_every_lane_and_resume_releases_it(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    free = await store.enqueue(NewJob("slow.kind", {}))
+    chat_head = await store.enqueue(NewJob("slow.kind", {}, recipient="c1"))
+    chat_next = await store.enqueue(NewJob("other.kind", {}, recipient="c1"))
+    other = await store.enqueue(NewJob("other.kind", {}))
+    paused = await app.client.post("/admin/kinds/slow.kind/pause", headers=AUTH)
+    assert (paused.status_code, paused.json()) == (200, {"kind": "slow.kind", "paused": True, "changed": True})
+    assert (await app.client.post("/admin/kinds/slow.kind/pause", headers=AUTH)).json()["changed"] is False
+    listed = (await app.client.get("/admin/kinds/paused", headers=AUTH)).json()["paused"]
+    assert [p["kind"] for p in listed] == ["slow.kind"]
+    assert (await app.client.get("/admin/stats", headers=AUTH)).json()["paused_kinds"] == ["slow.kind"]
+    # the paused head of chat c1 holds the chat back: its order stays
+    assert [j.id for j in await store.claim(10)] == [other]
+    resumed = await app.client.post("/admin/kinds/slow.kind/resume", headers=AUTH)
+    assert resumed.json() == {"kind": "slow.kind", "paused": False, "changed": True}
+    assert sorted(j.id for j in await store.claim(10)) == sorted([free, chat_head])
+    assert chat_next not in [j.id for j in await store.claim(10)]  # c1 busy with its head
+    bad = await app.client.post("/admin/kinds/a%00b/pause", headers=AUTH)
+    assert bad.status_code == 400
+
+
+async def test_recipient_event_and_time_filters_and_keyset_pages(app: RunningApp, db: Any) -> None:
+    old = await insert_job(db, kind="k", recipient="42", created_at="2020-01-01T00:00:00Z")
+    mine = [await insert_job(db, kind="k", recipient="42") for _ in range(3)]
+    theirs = await insert_job(db, kind="k", recipient="7")
+    event = (await post_update(app.client, ping(3, 99))).json()["id"]
+
+    async def ids(query: str) -> list[int]:
+        response = await app.client.get(f"/admin/jobs?{query}", headers=AUTH)
+        assert response.status_code == 200, response.text
+        return [j["id"] for j in response.json()["jobs"]]
+
+    assert await ids("recipient=42") == [*mine[::-1], old]
+    assert await ids("recipient=42&since=2021-01-01") == mine[::-1]
+    assert await ids("recipient=42&until=2021-01-01T00:00:00%2B00:00") == [old]
+    assert await ids("recipient=7") == [theirs]
+    assert len(await ids(f"event_id={event}")) == 1
+    assert await ids("recipient=42&limit=2") == mine[:0:-1]
+    assert await ids(f"recipient=42&limit=2&before={mine[1]}") == [mine[0], old]
+
+
+async def test_events_list_newest_first_with_filters(app: RunningApp, db: Any) -> None:
+    first = (await post_update(app.client, ping(1, 5))).json()["id"]
+    second = (await post_update(app.client, b"not json")).json()["id"]
+    response = await app.client.get("/admin/events", headers=AUTH)
+    assert response.status_code == 200
+    events = response.json()["events"]
+    assert [e["id"] for e in events] == [second, first]
+    assert (events[0]["jobs"], events[0]["body_bytes"], events[1]["jobs"]) == (0, 8, 1)
+    assert "body" not in events[0]
+    assert [e["id"] for e in (await app.client.get(f"/admin/events?before={second}", headers=AUTH)).json()[
+        "events"]] == [first]
+    assert (await app.client.get("/admin/events?source=github", headers=AUTH)).json()["events"] == []
+    assert (await app.client.get("/admin/events?sauce=x", headers=AUTH)).status_code == 400
+
+
+async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: RunningApp) -> None:
+    store = JobStore(db, lease_seconds=60)
+    job_id = await store.enqueue(NewJob("k", {}, max_attempts=5))
+    job = await store.claim_one()
+    assert job is not None
+    await store.fail(job, "TransientError: HTTP 502")  # a retry
+    await db.execute("update jobs set run_at = now() where id = %s", [job_id])
+    job = await store.claim_one()
+    assert job is not None
+    # the worker vanished: its lease runs out and another claim takes the job
+    await db.execute("update jobs set locked_until = now() - interval '1 second' where id = %s", [job_id])
+    job = await store.claim_one()
+    assert job is not None and job.attempts == 3
+    await store.release([job], "shutdown")  # given back: not an attempt, no row
+    job = await store.claim_one()
+    assert job is not None and job.attempts == 3
+    running = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
+    assert [(a["attempt"], a["outcome"]) for a in running] == [(1, "retry"), (2, "lease_expired"), (3, "running")]
+    assert running[-1]["ended_at"] is None and running[-1]["started_at"] is not None
+    assert running[0]["error"] == "TransientError: HTTP 502"
+    assert all(a["started_at"] and a["started_at"] <= (a["ended_at"] or "9") for a in running)
+    await store.fail_permanently(job, "PermanentError: HTTP 400 nope")
+    log = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
+    assert [(a["attempt"], a["outcome"], a["error"]) for a in log][-1] == (3, "failed", "PermanentError: HTTP 400 nope")
+    # pruned with the job
+    await db.execute("delete from jobs where id = %s", [job_id])
+    assert await db.fetch_val("select count(*) from job_attempts") == 0
+
+
+async def test_attempt_log_of_a_job_that_failed_once_then_ran(dsn: str, db: Any, telegram_stub: Any) -> None:
+    telegram_stub.plan("sendMessage", [Reply(502, description="Bad Gateway")], chat_id=21)
+    async with (
+        running_service(service_settings(dsn, telegram_stub.url)) as svc,
+        httpx.AsyncClient(base_url=svc.urls[0], headers=AUTH) as client,
+    ):
+        event_id = (await post_telegram(client, telegram_update(8, 21, "/ping"))).json()["id"]
+        job_id = (await client.get(f"/admin/events/{event_id}")).json()["job_ids"][0]
+
+        async def done() -> bool:
+            return bool((await client.get(f"/admin/jobs/{job_id}")).json()["status"] == "done")
+
+        await wait_until(done)
+        log = (await client.get(f"/admin/jobs/{job_id}")).json()["attempt_log"]
+        assert [(a["attempt"], a["outcome"]) for a in log] == [(1, "retry"), (2, "done")]
+        assert "502" in log[0]["error"]
+        assert log[1]["ended_at"] is not None and log[1]["error"] is None
