@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,51 +93,129 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
         raise AutomError(query_error_message(exc)) from None
 
 
+def _run_ops(fn: Callable[[Any], Any]) -> Any:
+    """``fn(ops)`` against DATABASE_URL (the ops commands: failed, jobs, retry, cancel, pause, ...)."""
+    return trio.run(_with_ops, _settings(["DATABASE_URL"]), fn)
+
+
+def _error_column(error: str | None, room: int | None) -> str:
+    """A job's error for a table: the external API's description first, cut to ``room`` (None: whole)."""
+    from autom.ops import error_headline
+
+    text = error_headline(error) or "-"
+    return text if room is None or len(text) <= room else text[: room - 1] + "…"
+
+
+def _error_room(head_width: int) -> int | None:
+    """How much of a line an error may take: the terminal's rest, or everything in a pipe or file."""
+    if not sys.stdout.isatty():
+        return None  # a pipe, a file, a script: never cut (grep must find "chat not found")
+    return max(20, shutil.get_terminal_size((120, 20)).columns - head_width)
+
+
+def _when(job: dict[str, Any], *names: str) -> str:
+    for name in names:
+        if job.get(name):
+            return str(job[name])[:19].replace("T", " ")
+    return ""
+
+
 def cmd_failed(args: argparse.Namespace) -> int:
     """``autom failed``: the latest failed jobs."""
-    settings = _settings(["DATABASE_URL"])
-    jobs = trio.run(_with_ops, settings, lambda ops: ops.failed_jobs(args.limit))
+    jobs = _run_ops(lambda ops: ops.failed_jobs(args.limit))
     if args.json:
         print(json.dumps(jobs, indent=2, default=str))
         return 0
     if not jobs:
         print("no failed jobs")
         return 0
-    width = shutil.get_terminal_size((120, 20)).columns
     print(f"{'ID':>8}  {'KIND':<20}  {'ATTEMPTS':>8}  {'FAILED AT (UTC)':<19}  LAST ERROR")
     for job in jobs:
-        when = (job.get("finished_at") or job.get("updated_at") or "")[:19].replace("T", " ")
-        head = f"{job['id']:>8}  {job['kind'][:20]:<20}  {job['attempts']:>3}/{job['max_attempts']:<4}  {when:<19}  "
-        error = " ".join(str(job.get("last_error") or "-").split())
-        room = max(20, width - len(head))
-        print(head + (error if len(error) <= room else error[: room - 1] + "…"))
-    print(f"\n{len(jobs)} failed job(s). Fix the cause, then: autom retry JOB_ID")
+        head = (f"{job['id']:>8}  {job['kind'][:20]:<20}  {job['attempts']:>3}/{job['max_attempts']:<4}  "
+                f"{_when(job, 'finished_at', 'updated_at'):<19}  ")
+        print(head + _error_column(job.get("last_error"), _error_room(len(head))))
+    print(f"\n{len(jobs)} failed job(s). Fix the cause, then: autom retry JOB_ID (or autom retry --failed)")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """``autom jobs``: jobs, newest first, filtered as the console filters them."""
+    from autom.ops import JobFilter
+
+    filt = JobFilter(status=args.status, kind=args.kind, recipient=args.recipient, event_id=args.event,
+                     since=args.since, until=args.until)
+    jobs = _run_ops(lambda ops: ops.list_jobs(filt, limit=args.limit, before=args.before))
+    if args.json:
+        print(json.dumps(jobs, indent=2, default=str))
+        return 0
+    if not jobs:
+        print("no jobs match")
+        return 0
+    print(f"{'ID':>8}  {'KIND':<20}  {'STATUS':<9}  {'ATTEMPTS':>8}  {'CREATED (UTC)':<19}  {'RECIPIENT':<12}  "
+          "LAST ERROR")
+    for job in jobs:
+        recipient = str(job.get("recipient") or "-")
+        head = (f"{job['id']:>8}  {job['kind'][:20]:<20}  {job['status']:<9}  "
+                f"{job['attempts']:>3}/{job['max_attempts']:<4}  {_when(job, 'created_at'):<19}  "
+                f"{recipient[:12]:<12}  ")
+        print(head + _error_column(job.get("last_error"), _error_room(len(head))))
+    if len(jobs) == args.limit:
+        print(f"\nmore may match: autom jobs ... --before {jobs[-1]['id']}")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    """``autom retry JOB_ID``: a failed or pending job back in the queue now, attempts reset."""
-    settings = _settings(["DATABASE_URL"])
-    job = trio.run(_with_ops, settings, lambda ops: ops.retry_job(args.job_id))
-    print(f"job {job['id']} ({job['kind']}) is pending again with its attempts reset; it runs as soon as a "
-          "worker is free")
+    """``autom retry JOB_ID`` or ``autom retry --failed [--kind K] [--since T]``."""
+    if args.failed == (args.job_id is not None):
+        raise UsageError("give either JOB_ID or --failed (with --kind/--since to narrow it)")
+    if args.job_id is not None and (args.kind or args.since):
+        raise UsageError("--kind and --since go with --failed, not with JOB_ID")
+    if args.job_id is not None:
+        job = _run_ops(lambda ops: ops.retry_job(args.job_id))
+        print(f"job {job['id']} ({job['kind']}) is pending again with its attempts reset; it runs as soon as a "
+              "worker is free")
+        return 0
+    result = _run_ops(lambda ops: ops.retry_failed(args.kind, args.since))
+    print(f"retried {len(result.retried)}, skipped {result.skipped} (no longer failed)")
+    if result.more:
+        print("more failed jobs match than one call takes: run the same command again")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``autom cancel JOB_ID``: a pending job ends cancelled (never runs, no alert)."""
+    job = _run_ops(lambda ops: ops.cancel_job(args.job_id))
+    print(f"job {job['id']} ({job['kind']}) is cancelled: it will not run (autom retry {job['id']} undoes it)")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """``autom pause KIND``: the kind's jobs stay pending until resumed (every replica)."""
+    changed = _run_ops(lambda ops: ops.pause_kind(args.kind))
+    print(f"kind {args.kind} {'is paused now' if changed else 'was paused already'}: its jobs stay pending "
+          f"until: autom resume {args.kind}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """``autom resume KIND``: a paused kind's jobs run again."""
+    changed = _run_ops(lambda ops: ops.resume_kind(args.kind))
+    print(f"kind {args.kind} {'is resumed: its jobs run again' if changed else 'was not paused'}")
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """``autom replay EVENT_ID``: parse a stored event again and create its jobs."""
-    settings = _settings(["DATABASE_URL"])
+    """``autom replay EVENT_ID``: parse a stored event again and create its jobs anew."""
 
     async def replay(ops: Any) -> tuple[dict, list[int]]:
         event = await ops.get_event(args.event_id)
         return event, await ops.replay_event(args.event_id)
 
-    event, created = trio.run(_with_ops, settings, replay)
+    event, created = _run_ops(replay)
     if created:
         print(f"event {event['id']} ({event['source']}): created job(s) {', '.join(map(str, created))}")
     else:
-        print(f"event {event['id']} ({event['source']}): no new jobs (it makes none, or their keys exist "
-              "already; use autom retry JOB_ID to run an existing job again)")
+        print(f"event {event['id']} ({event['source']}): it makes no jobs (nothing to run)")
     return 0
 
 
@@ -172,6 +251,8 @@ def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from autom.ops import JOB_STATUSES
+
     parser = argparse.ArgumentParser(
         prog="autom", description="Webhooks in, reliable work out (see README.md).",
     )
@@ -188,10 +269,31 @@ def build_parser() -> argparse.ArgumentParser:
     failed = add("failed", cmd_failed, "list the latest failed jobs")
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
     failed.add_argument("--json", action="store_true", help="print JSON for scripts")
-    retry = add("retry", cmd_retry, "put a failed (or pending) job back in the queue now, attempts reset")
-    retry.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
-    replay = add("replay", cmd_replay, "parse a stored event again and create its jobs")
+    retry = add("retry", cmd_retry, "put a failed, cancelled (or pending) job back in the queue now, attempts "
+                                    "reset; or with --failed every failed job that matches")
+    retry.add_argument("job_id", type=_positive_int, metavar="JOB_ID", nargs="?")
+    retry.add_argument("--failed", action="store_true", help="every failed job (narrow with --kind, --since)")
+    retry.add_argument("--kind", type=_name, help="with --failed: only jobs of this kind")
+    retry.add_argument("--since", type=_time, metavar="T",
+                       help="with --failed: only jobs that failed at or after T (ISO 8601, or an age: 30m, 6h, 7d)")
+    replay = add("replay", cmd_replay, "parse a stored event again and create its jobs anew")
     replay.add_argument("event_id", type=_positive_int, metavar="EVENT_ID")
+    cancel = add("cancel", cmd_cancel, "cancel a pending job (also one waiting for its retry): it never runs")
+    cancel.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
+    jobs = add("jobs", cmd_jobs, "list jobs, newest first")
+    jobs.add_argument("--status", choices=JOB_STATUSES)
+    jobs.add_argument("--kind", type=_name)
+    jobs.add_argument("--recipient", type=_name)
+    jobs.add_argument("--event", type=_positive_int, metavar="EVENT_ID", help="jobs of this event")
+    jobs.add_argument("--since", type=_time, metavar="T", help="created at or after T (ISO 8601, or an age: 6h)")
+    jobs.add_argument("--until", type=_time, metavar="T", help="created before T")
+    jobs.add_argument("--before", type=_positive_int, metavar="JOB_ID", help="only older than this job (paging)")
+    jobs.add_argument("--limit", type=_positive_int, default=50, help="how many (default 50)")
+    jobs.add_argument("--json", action="store_true", help="print JSON for scripts")
+    pause = add("pause", cmd_pause, "pause a kind: its jobs stay pending (every replica) until resumed")
+    pause.add_argument("kind", type=_name, metavar="KIND")
+    resume = add("resume", cmd_resume, "resume a paused kind")
+    resume.add_argument("kind", type=_name, metavar="KIND")
     telegram = sub.add_parser("telegram", help="Telegram Bot API set-up", description="Telegram Bot API set-up")
     tg_sub = telegram.add_subparsers(dest="telegram_command", metavar="COMMAND", required=True)
     set_webhook = tg_sub.add_parser(
@@ -202,6 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
     set_webhook.add_argument("url", metavar="URL")
     set_webhook.set_defaults(func=cmd_telegram_set_webhook)
     return parser
+
+
+class UsageError(Exception):
+    """A combination of arguments argparse cannot check; exit 2 like argparse's own."""
+
+
+def _name(text: str) -> str:
+    from autom.ops import MAX_NAME
+
+    if not text or len(text) > MAX_NAME or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be printable text of 1 to {MAX_NAME} characters")
+    return text
+
+
+def _time(text: str) -> datetime:
+    from autom.web.params import parse_time
+
+    try:
+        return parse_time(text, datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -220,6 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 on bad usage
     try:
         return int(args.func(args))
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"autom: {exc}", file=sys.stderr)
+        return 2
     except AutomError as exc:  # ConfigError included
         print(f"autom: {_one_line(exc)}", file=sys.stderr)
         return 1

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import trio
 
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.support.pg import with_lock_timeout
-from tests.support.proc import clean_env, run_autom
+from tests.support.proc import AUTOM, clean_env, run_autom
 from tests.support.service import SITE_SECRET, TG_SECRET
 
 
@@ -29,23 +31,60 @@ async def make_failed_job(db, kind="site.form", error="RuntimeError: the CRM sai
     return job_id
 
 
+TELEGRAM_400 = "PermanentError: telegram sendMessage: HTTP 400 Bad Request: chat not found"
+
+
+def run_on_a_terminal(*args: str, env: dict[str, str], cwd) -> str:
+    """``autom ARGS`` with its stdout on a pseudo-terminal (as an operator types it); the output."""
+    leader, follower = os.openpty()
+    try:
+        proc = subprocess.run([AUTOM, *args], env=env, cwd=cwd, stdout=follower, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=60, check=False)
+        os.close(follower)
+        follower = -1
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the other side is closed and everything was read
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
 async def test_failed_lists_failed_jobs_readably_and_as_json(dsn, db, tmp_path):
     first = await make_failed_job(db)
-    second = await make_failed_job(db, kind="telegram.message", error="x" * 500)
+    second = await make_failed_job(db, kind="telegram.message", error=TELEGRAM_400 + " " + "x" * 300)
+    # in a pipe (a script, grep, a file): never cut, the API's own description first
     result = await autom("failed", env=env_for(dsn, COLUMNS="100"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["ID", "KIND", "ATTEMPTS"]
     assert lines[1].split()[0] == str(second)  # latest failure first
     assert lines[2].split()[0] == str(first)
-    assert "RuntimeError: the CRM said no second" in lines[2]
-    assert all(len(line) <= 100 for line in lines[:3])
+    assert "RuntimeError: the CRM said no second line" in lines[2]
+    assert "Bad Request: chat not found " + "x" * 300 + " (PermanentError: telegram sendMessage: HTTP 400)" in lines[1]
     assert "autom retry JOB_ID" in result.stdout
+
+    # on a terminal: cut to its width, and what is left still says "chat not found"
+    shown = await trio.to_thread.run_sync(
+        lambda: run_on_a_terminal("failed", env=env_for(dsn, COLUMNS="100"), cwd=tmp_path))
+    rows = shown.splitlines()
+    assert all(len(line) <= 100 for line in rows[:3]), rows
+    assert "Bad Request: chat not found" in rows[1] and rows[1].endswith("…")
 
     as_json = await autom("failed", "--json", "--limit", "1", env=env_for(dsn), cwd=tmp_path)
     jobs = json.loads(as_json.stdout)
     assert [j["id"] for j in jobs] == [second]
     assert jobs[0]["status"] == "failed" and jobs[0]["attempts"] == 1
+    assert jobs[0]["last_error"].startswith(TELEGRAM_400)  # the stored text itself, unchanged
 
 
 async def test_failed_with_none_says_so(dsn, tmp_path):
@@ -77,7 +116,7 @@ async def test_retry_resets_a_failed_job_and_refuses_running_done_and_unknown(ds
     assert bad.returncode == 2
 
 
-async def test_replay_creates_missing_jobs_and_skips_existing_keys(dsn, db, tmp_path):
+async def test_replay_creates_the_jobs_and_again_when_they_exist(dsn, db, tmp_path):
     body = json.dumps({"update_id": 77, "message": {"message_id": 1, "text": "/ping", "chat": {"id": 5}}})
     event_id = await db.fetch_val(
         "insert into events (source, headers, body, dedup_key) values ('telegram', '{}', %s, '77') returning id",
@@ -86,16 +125,112 @@ async def test_replay_creates_missing_jobs_and_skips_existing_keys(dsn, db, tmp_
     result = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     job = await db.fetch_one("select id, kind, recipient, event_id, key from jobs")
-    assert dict(job) == {"id": job["id"], "kind": "telegram.message", "recipient": "5", "event_id": event_id,
-                         "key": "telegram:77"}
+    assert (job["kind"], job["recipient"], job["event_id"]) == ("telegram.message", "5", event_id)
+    assert job["key"].startswith("telegram:77:replay:")
     assert f"created job(s) {job['id']}" in result.stdout
 
+    # the job exists (and could be done): a replay makes new work all the same, no dead end
     again = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
-    assert again.returncode == 0 and "no new jobs" in again.stdout
-    assert await db.fetch_val("select count(*) from jobs") == 1
+    assert again.returncode == 0, again.stderr
+    second = await db.fetch_val("select max(id) from jobs")
+    assert f"created job(s) {second}" in again.stdout and second != job["id"]
+    assert await db.fetch_val("select count(distinct key) from jobs where event_id = %s", [event_id]) == 2
 
     unknown = await autom("replay", "424242", env=env_for(dsn), cwd=tmp_path)
     assert unknown.returncode == 1 and unknown.stderr.strip() == "autom: no event with id 424242"
+
+
+async def test_retry_of_a_done_job_points_at_its_event_and_replay_runs_it(dsn, db, tmp_path):
+    body = json.dumps({"update_id": 90, "message": {"message_id": 1, "text": "/ping", "chat": {"id": 9}}})
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body, dedup_key) values ('telegram', '{}', %s, '90') returning id",
+        [body],
+    )
+    job_id = await db.fetch_val(
+        "insert into jobs (kind, status, key, event_id, finished_at) values "
+        "('telegram.message', 'done', 'telegram:90', %s, now()) returning id", [event_id])
+    done = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
+    assert done.returncode == 1 and f"replay event {event_id}" in done.stderr
+    replay = await autom("replay", str(event_id), env=env_for(dsn), cwd=tmp_path)
+    assert replay.returncode == 0 and "created job(s)" in replay.stdout
+
+
+async def test_cancel_a_pending_job_and_refuse_the_others(dsn, db, tmp_path):
+    store = JobStore(db)
+    waiting = await store.enqueue(NewJob("site.form", {"n": 1}))
+    result = await autom("cancel", str(waiting), env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"job {waiting} (site.form) is cancelled" in result.stdout
+    assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "cancelled"
+    assert await store.claim_one() is None  # never runs
+    assert await db.fetch_val("select count(*) from alerts") == 0  # and raises no alert
+
+    again = await autom("cancel", str(waiting), env=env_for(dsn), cwd=tmp_path)
+    assert again.returncode == 1 and "is cancelled" in again.stderr
+    failed = await make_failed_job(db)
+    refused = await autom("cancel", str(failed), env=env_for(dsn), cwd=tmp_path)
+    assert refused.returncode == 1 and "is failed" in refused.stderr and "only a pending job" in refused.stderr
+    unknown = await autom("cancel", "999999", env=env_for(dsn), cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "autom: no job with id 999999"
+
+    # a cancelled job can be retried: it runs after all
+    back = await autom("retry", str(waiting), env=env_for(dsn), cwd=tmp_path)
+    assert back.returncode == 0, back.stderr
+    assert (await store.claim_one()).id == waiting
+
+
+async def test_retry_failed_in_bulk_with_kind_and_since(dsn, db, tmp_path):
+    a = [await make_failed_job(db, kind="a.kind") for _ in range(3)]
+    b = await make_failed_job(db, kind="b.kind")
+    await db.execute("update jobs set finished_at = now() - interval '3 days' where id = %s", [a[0]])
+    result = await autom("retry", "--failed", "--kind", "a.kind", "--since", "1d", env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "retried 2, skipped 0" in result.stdout
+    rows = dict((r["id"], r["status"]) for r in await db.fetch_all("select id, status from jobs"))
+    assert rows == {a[0]: "failed", a[1]: "pending", a[2]: "pending", b: "failed"}
+    everything = await autom("retry", "--failed", env=env_for(dsn), cwd=tmp_path)
+    assert "retried 2, skipped 0" in everything.stdout
+    none = await autom("retry", "--failed", env=env_for(dsn), cwd=tmp_path)
+    assert "retried 0, skipped 0" in none.stdout
+
+    for args in (["retry"], ["retry", "1", "--failed"], ["retry", "1", "--kind", "x"],
+                 ["retry", "--failed", "--since", "yesterday"]):
+        bad = await autom(*args, env=env_for(dsn), cwd=tmp_path)
+        assert bad.returncode == 2, (args, bad.stdout, bad.stderr)
+        assert "Traceback" not in bad.stderr
+
+
+async def test_pause_and_resume_a_kind(dsn, db, tmp_path):
+    store = JobStore(db)
+    held = await store.enqueue(NewJob("site.form", {"n": 1}))
+    other = await store.enqueue(NewJob("github.event", {"n": 2}))
+    result = await autom("pause", "site.form", env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0 and "is paused now" in result.stdout
+    assert "was paused already" in (await autom("pause", "site.form", env=env_for(dsn), cwd=tmp_path)).stdout
+    claimed = await store.claim(10)
+    assert [j.id for j in claimed] == [other]  # the paused kind stays pending
+    assert await db.fetch_val("select status from jobs where id = %s", [held]) == "pending"
+    resumed = await autom("resume", "site.form", env=env_for(dsn), cwd=tmp_path)
+    assert resumed.returncode == 0 and "is resumed" in resumed.stdout
+    assert [j.id for j in await store.claim(10)] == [held]
+    assert "was not paused" in (await autom("resume", "site.form", env=env_for(dsn), cwd=tmp_path)).stdout
+
+
+async def test_jobs_lists_with_filters_and_json(dsn, db, tmp_path):
+    store = JobStore(db)
+    ids = [await store.enqueue(NewJob("k.one" if i % 2 else "k.two", {"i": i}, recipient=f"r{i % 3}"))
+           for i in range(6)]
+    result = await autom("jobs", env=env_for(dsn), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [int(line.split()[0]) for line in result.stdout.splitlines()[1:7]] == ids[::-1]
+    one = await autom("jobs", "--kind", "k.one", "--recipient", "r1", "--json", env=env_for(dsn), cwd=tmp_path)
+    assert [j["id"] for j in json.loads(one.stdout)] == [ids[1]]  # odd i (k.one) and i % 3 == 1 (r1): i = 1
+    paged = await autom("jobs", "--limit", "2", "--before", str(ids[3]), "--json", env=env_for(dsn), cwd=tmp_path)
+    assert [j["id"] for j in json.loads(paged.stdout)] == [ids[2], ids[1]]
+    none = await autom("jobs", "--status", "failed", env=env_for(dsn), cwd=tmp_path)
+    assert none.stdout.strip() == "no jobs match"
+    bad = await autom("jobs", "--status", "weird", env=env_for(dsn), cwd=tmp_path)
+    assert bad.returncode == 2
 
 
 async def test_replay_of_a_body_that_still_does_not_parse_is_refused(dsn, db, tmp_path):
