@@ -59,6 +59,8 @@ class Settings:
     retain_done_days: float = 7.0
     retain_events_days: float = 30.0
     tz: str | None = None
+    # issue 13: the console (/ui/)
+    console_session_hours: float = 12.0
 
     @classmethod
     def from_env(
@@ -100,6 +102,7 @@ class Settings:
             "RETRY_BASE_SECONDS": self.retry_base_seconds, "RETRY_MAX_SECONDS": self.retry_max_seconds,
             "HTTP_TIMEOUT_SECONDS": self.http_timeout_seconds, "MAX_BODY_BYTES": self.max_body_bytes,
             "QUEUE_LAG_ALERT_SECONDS": self.queue_lag_alert_seconds,
+            "CONSOLE_SESSION_HOURS": self.console_session_hours,
         }
         for name, value in positive.items():
             if value <= 0:

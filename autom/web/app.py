@@ -1,7 +1,8 @@
 """``create_app(deps)``: the quart-trio application, assembled from blueprints.
 
-Every answer is JSON. Every error status, including Quart's own (404 for an
-unknown route, 405 for a wrong method, 413, 408, 500), is answered as
+Every answer is JSON, except the console's HTML pages under ``/ui/``. Every
+error status, including Quart's own (404 for an unknown route, 405 for a wrong
+method, 413, 408, 500), is answered as
 ``{"error": "<one line>"}``: a webhook sender or an operator's script never sees
 an HTML page, and a 500 never carries a traceback (the log does).
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import logging
 
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge
 
 from autom.deps import Deps
 from autom.web.admin import admin_blueprint
+from autom.web.console import console_blueprint
 from autom.web.health import health_blueprint
 from autom.web.intake import intake_blueprint
 from autom.web.metrics_route import metrics_blueprint
@@ -54,6 +56,7 @@ def create_app(deps: Deps) -> QuartTrio:
     app.register_blueprint(metrics_blueprint(deps))
     app.register_blueprint(admin_blueprint(deps))
     app.register_blueprint(openapi_blueprint())
+    app.register_blueprint(console_blueprint(deps))
 
     _register_error_handlers(app, deps.settings.max_body_bytes)
     return app
@@ -82,7 +85,8 @@ def _register_error_handlers(app: QuartTrio, max_body_bytes: int) -> None:
     async def json_errors_only(response: Response) -> Response:
         # A safety net: an error answer that slipped past the handlers above (a future
         # route returning a werkzeug response, say) is replaced rather than sent as HTML.
-        if response.status_code >= 400 and response.mimetype != JSON:
+        # the console (/ui/) answers its errors as HTML pages of its own, for people
+        if response.status_code >= 400 and response.mimetype != JSON and not request.path.startswith("/ui/"):
             log.warning("non-JSON error answer replaced (status %d)", response.status_code)
             return error_response(response.status_code, f"http {response.status_code}")
         return response

@@ -1,0 +1,150 @@
+"""The console's session, CSRF token and login limiter: pure, with the time passed in.
+
+**Session.** Logging in with ADMIN_TOKEN sets a cookie ``v1.<issued>.<nonce>.<mac>``:
+when it was issued (unix seconds), a random nonce, and an HMAC-SHA256 of both under
+a key derived from ADMIN_TOKEN. Nothing is stored on the server, so every replica
+accepts it; changing ADMIN_TOKEN ends every session at once. It is valid for
+CONSOLE_SESSION_HOURS after it was issued (not renewed by use: a stolen cookie
+dies on time). The token itself is never in the cookie, a URL or a log.
+
+**CSRF.** Every form carries a token derived from the session (an HMAC of its nonce
+under its own key), so it never goes stale across tabs and needs no storage; a
+POST without the right one is 403. Cross-site POSTs are refused earlier by
+``Sec-Fetch-Site`` / ``Origin`` (``cross_site``) where the browser sends them.
+
+**Login limiter.** Failed logins per client address are limited (``LoginLimiter``):
+after ``attempts`` failures within ``window`` seconds, that address is refused for
+the rest of the window, and all addresses together get ``global_attempts`` per
+window, so guessing from many addresses is slow too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+COOKIE = "autom_console"
+_VERSION = "v1"
+
+
+def _key(token: str, purpose: str) -> bytes:
+    """A key for ``purpose`` derived from ADMIN_TOKEN (the token itself signs nothing)."""
+    return hmac.new(token.encode("utf-8"), f"autom console {purpose} {_VERSION}".encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Session:
+    """A valid session: when it was issued and its nonce (the CSRF token derives from it)."""
+
+    issued: int
+    nonce: str
+
+
+class Sessions:
+    """Issues and checks session cookies and CSRF tokens for one ADMIN_TOKEN."""
+
+    def __init__(self, admin_token: str, lifetime_seconds: float) -> None:
+        self._session_key = _key(admin_token, "session")
+        self._csrf_key = _key(admin_token, "csrf")
+        self._token_digest = hashlib.sha256(admin_token.encode("utf-8")).digest()
+        self.lifetime = lifetime_seconds
+
+    def token_matches(self, candidate: str) -> bool:
+        """Whether ``candidate`` is ADMIN_TOKEN (constant time, whatever its length)."""
+        return hmac.compare_digest(hashlib.sha256(candidate.encode("utf-8")).digest(), self._token_digest)
+
+    def issue(self, now: float) -> str:
+        """A new session cookie value, issued at ``now`` (unix seconds)."""
+        payload = f"{_VERSION}.{int(now)}.{secrets.token_urlsafe(18)}"
+        return f"{payload}.{self._mac(payload)}"
+
+    def check(self, value: str | None, now: float) -> Session | None:
+        """The session of cookie ``value`` if it is authentic and not expired at ``now``, else None."""
+        if not value or len(value) > 200:
+            return None
+        parts = value.split(".")
+        if len(parts) != 4 or parts[0] != _VERSION or not parts[1].isdigit():
+            return None
+        payload = ".".join(parts[:3])
+        if not hmac.compare_digest(self._mac(payload), parts[3]):
+            return None
+        issued = int(parts[1])
+        if not issued - 60 <= now < issued + self.lifetime:  # a minute of clock skew between replicas
+            return None
+        return Session(issued=issued, nonce=parts[2])
+
+    def csrf_token(self, session: Session) -> str:
+        """The CSRF token of ``session`` (the same for all its forms and tabs)."""
+        return hmac.new(self._csrf_key, session.nonce.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, session: Session, candidate: str | None) -> bool:
+        """Whether ``candidate`` is the CSRF token of ``session`` (constant time)."""
+        return bool(candidate) and hmac.compare_digest(self.csrf_token(session), str(candidate))
+
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self._session_key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def cross_site(sec_fetch_site: str | None, origin: str | None, host: str | None) -> bool:
+    """Whether a POST came from another site, by what the browser says.
+
+    ``Sec-Fetch-Site`` (sent by current browsers over https and to localhost) must be
+    ``same-origin`` (or ``none``: typed by the user). Without it, an ``Origin`` header
+    must name this host (scheme aside: a proxy may end TLS). Neither header (old
+    clients, curl) passes here: the CSRF token still has to be right.
+    """
+    if sec_fetch_site is not None:
+        return sec_fetch_site.strip().lower() not in ("same-origin", "none")
+    if origin is not None:
+        if origin.strip() == "null" or host is None:
+            return True
+        return urlsplit(origin.strip()).netloc.lower() != host.strip().lower()
+    return False
+
+
+class LoginLimiter:
+    """Failed logins: at most ``attempts`` per address and ``global_attempts`` in all per ``window`` seconds."""
+
+    def __init__(self, attempts: int = 5, window: float = 60.0, global_attempts: int = 50,
+                 max_addresses: int = 10_000) -> None:
+        self.attempts = attempts
+        self.window = window
+        self.global_attempts = global_attempts
+        self._max_addresses = max_addresses
+        self._failures: dict[str, deque[float]] = {}
+        self._all: deque[float] = deque()
+
+    def retry_after(self, address: str, now: float) -> float:
+        """Seconds until ``address`` may try again (0 = now)."""
+        self._forget(now)
+        waits = [0.0]
+        mine = self._failures.get(address)
+        if mine is not None and len(mine) >= self.attempts:
+            waits.append(mine[0] + self.window - now)
+        if len(self._all) >= self.global_attempts:
+            waits.append(self._all[0] + self.window - now)
+        return max(waits)
+
+    def failed(self, address: str, now: float) -> None:
+        """Record a failed login from ``address`` at ``now``."""
+        self._forget(now)
+        if address not in self._failures and len(self._failures) >= self._max_addresses:
+            # a flood of addresses must not grow memory without bound: the global
+            # budget still holds them back
+            self._failures.pop(next(iter(self._failures)))
+        self._failures.setdefault(address, deque()).append(now)
+        self._all.append(now)
+
+    def _forget(self, now: float) -> None:
+        cutoff = now - self.window
+        while self._all and self._all[0] <= cutoff:
+            self._all.popleft()
+        for address in [a for a, times in self._failures.items() if times and times[-1] <= cutoff]:
+            del self._failures[address]
+        for times in self._failures.values():
+            while times and times[0] <= cutoff:
+                times.popleft()

@@ -1,0 +1,338 @@
+"""The console (``/ui/``) over real HTTP against a real PostgreSQL: its security rules and its pages.
+
+The browser tests (tests/e2e/test_console_browser.py) drive the same pages in Chromium;
+these check what a browser hides: status codes, headers, cookies, the HTML as sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from autom.jobs.models import NewJob
+from autom.jobs.store import JobStore
+from autom.web.console.auth import COOKIE, LoginLimiter, Sessions, cross_site
+from tests.integration.test_admin import insert_job, ping, post_update
+from tests.support.http_app import RunningApp, app_settings, running_app
+
+TOKEN = "admin-token"
+
+#: every console page (GET) and action (POST); {job}/{event} filled in per test
+PAGES = ["/ui/", "/ui/jobs", "/ui/jobs/{job}", "/ui/events", "/ui/events/{event}", "/ui/retry-failed"]
+ACTIONS = ["/ui/jobs/{job}/retry", "/ui/jobs/{job}/cancel", "/ui/events/{event}/replay", "/ui/retry-failed",
+           "/ui/kinds/pause", "/ui/kinds/resume", "/ui/logout"]
+
+
+@pytest.fixture
+async def app(db: Any) -> Any:
+    async with running_app(db) as running:
+        yield running
+
+
+async def login(client: httpx.AsyncClient, token: str = TOKEN, **headers: str) -> httpx.Response:
+    return await client.post("/ui/login", data={"token": token}, headers=headers)
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert match, "no CSRF field in the page"
+    return match.group(1)
+
+
+@asynccontextmanager
+async def logged_in(app: RunningApp) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """A client with a session, and the session's CSRF token."""
+    async with httpx.AsyncClient(base_url=app.url, timeout=10.0) as client:
+        response = await login(client)
+        assert response.status_code == 303, response.text
+        page = await client.get("/ui/")
+        assert page.status_code == 200, page.text
+        yield client, csrf_of(page.text)
+
+
+async def seeded(app: RunningApp, db: Any) -> tuple[int, int]:
+    event = (await post_update(app.client, ping(1, 42))).json()["id"]
+    job = int(await db.fetch_val("select id from jobs where event_id = %s", [event]))
+    return job, event
+
+
+async def test_every_page_and_action_without_a_session_redirects_to_login(app: RunningApp, db: Any) -> None:
+    job, event = await seeded(app, db)
+    for path in PAGES:
+        url = path.format(job=job, event=event)
+        response = await app.client.get(url)
+        assert response.status_code == 302, (url, response.status_code)
+        assert response.headers["location"].startswith("/ui/login"), url
+    for path in ACTIONS:
+        response = await app.client.post(path.format(job=job, event=event), data={"csrf": "x", "kind": "k"})
+        assert (response.status_code, response.headers["location"]) == (303, "/ui/login"), path
+    # a forged or expired cookie is no session either
+    for cookie in ("v1.1.abc.def", "garbage", "v1.99999999999.n." + "0" * 64):
+        async with httpx.AsyncClient(base_url=app.url, cookies={COOKIE: cookie}) as client:
+            assert (await client.get("/ui/")).status_code == 302
+    assert await db.fetch_val("select status from jobs where id = %s", [job]) == "pending"
+
+
+async def test_login_sets_a_strict_httponly_cookie_and_goes_back_where_it_came_from(app: RunningApp) -> None:
+    redirect = await app.client.get("/ui/jobs?status=failed")
+    assert redirect.headers["location"] == "/ui/login?next=%2Fui%2Fjobs%3Fstatus%3Dfailed"
+    form = await app.client.get(redirect.headers["location"])
+    assert form.status_code == 200 and 'name="token"' in form.text and 'type="password"' in form.text
+    async with httpx.AsyncClient(base_url=app.url) as client:
+        response = await client.post("/ui/login", data={"token": TOKEN, "next": "/ui/jobs?status=failed"})
+        assert (response.status_code, response.headers["location"]) == (303, "/ui/jobs?status=failed")
+        cookie = response.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui/" in cookie
+        assert "Secure" not in cookie  # plain http here; see the proxy case below
+        assert TOKEN not in cookie
+        assert (await client.get("/ui/jobs?status=failed")).status_code == 200
+        # never to another site after login
+        for target in ("https://evil.example/", "//evil.example/ui/", "/ui/..//evil", "/hooks/x"):
+            response = await client.post("/ui/login", data={"token": TOKEN, "next": target})
+            assert response.headers["location"] == "/ui/", target
+    async with httpx.AsyncClient(base_url=app.url) as client:
+        response = await login(client, **{"X-Forwarded-Proto": "https"})
+        assert "Secure" in response.headers["set-cookie"]
+
+
+async def test_a_wrong_token_is_refused_and_repeated_failures_are_rate_limited(app: RunningApp) -> None:
+    async with httpx.AsyncClient(base_url=app.url) as client:
+        for _ in range(5):
+            response = await login(client, token="wrong")
+            assert response.status_code == 401 and "not the ADMIN_TOKEN" in response.text
+            assert "set-cookie" not in response.headers
+        limited = await login(client)  # even the right token waits now
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert "set-cookie" not in limited.headers
+
+
+async def test_logout_ends_the_session_in_the_browser(app: RunningApp) -> None:
+    async with logged_in(app) as (client, csrf):
+        response = await client.post("/ui/logout", data={"csrf": csrf})
+        assert (response.status_code, response.headers["location"]) == (303, "/ui/login")
+        assert 'Max-Age=0' in response.headers["set-cookie"] or "expires" in response.headers["set-cookie"].lower()
+        assert (await client.get("/ui/")).status_code == 302
+
+
+async def test_a_post_without_the_csrf_token_or_from_another_site_is_403(app: RunningApp, db: Any) -> None:
+    job, event = await seeded(app, db)
+    async with logged_in(app) as (client, csrf):
+        for path in ACTIONS:
+            url = path.format(job=job, event=event)
+            for data in ({"kind": "k"}, {"csrf": "", "kind": "k"}, {"csrf": "0" * 64, "kind": "k"}):
+                response = await client.post(url, data=data)
+                assert response.status_code == 403, (url, data, response.status_code)
+                assert "text/html" in response.headers["content-type"]
+            for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                            {"Origin": "https://evil.example"}, {"Origin": "null"}):
+                response = await client.post(url, data={"csrf": csrf, "kind": "k"}, headers=headers)
+                assert response.status_code == 403, (url, headers)
+        # nothing happened
+        assert await db.fetch_val("select status from jobs where id = %s", [job]) == "pending"
+        assert await db.fetch_val("select count(*) from jobs") == 1
+        assert await db.fetch_val("select count(*) from paused_kinds") == 0
+        # the same origin passes (the browser's own headers)
+        same = await client.post(f"/ui/jobs/{job}/cancel", data={"csrf": csrf},
+                                 headers={"Sec-Fetch-Site": "same-origin", "Origin": app.url})
+        assert (same.status_code, same.headers["location"]) == (303, f"/ui/jobs/{job}?notice=cancelled")
+
+
+async def test_every_answer_carries_a_csp_without_scripts(app: RunningApp, db: Any) -> None:
+    job, event = await seeded(app, db)
+    async with logged_in(app) as (client, _):
+        for path in [*PAGES, "/ui/login", "/ui/jobs/999999", "/ui/jobs?status=bogus"]:
+            response = await client.get(path.format(job=job, event=event))
+            csp = response.headers["content-security-policy"]
+            assert "default-src 'none'" in csp and "script-src" not in csp and "unsafe-inline" not in csp, path
+            assert response.headers["x-frame-options"] == "DENY"
+            assert "<script" not in response.text and " style=" not in response.text, path
+            for ref in re.findall(r'(?:href|src|action)="([^"]+)"', response.text):
+                assert ref.startswith(("/ui/", "?")) or ref == "/ui", (path, ref)  # nothing from elsewhere
+        css = await client.get("/ui/static/console.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+
+
+async def test_sender_values_are_escaped_everywhere(app: RunningApp, db: Any) -> None:
+    evil = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+    store = JobStore(db)
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body, dedup_key) values ('site', %s, %s, %s) returning id",
+        [json.dumps({"x-evil": evil}), json.dumps({"text": evil}), evil])
+    job = await store.enqueue(NewJob(evil[:60], {"text": evil}, recipient=evil, key=evil, event_id=event_id))
+    await db.execute("update jobs set status = 'failed', last_error = %s, finished_at = now() where id = %s",
+                     [evil, job])
+    async with logged_in(app) as (client, _):
+        for path in (f"/ui/jobs/{job}", f"/ui/events/{event_id}", "/ui/jobs", "/ui/jobs?status=failed",
+                     "/ui/events", "/ui/", f"/ui/jobs?kind={evil}", f"/ui/jobs?recipient={evil}"):
+            response = await client.get(path)
+            assert response.status_code == 200, (path, response.text[:300])
+            assert "<script>" not in response.text and "<img" not in response.text, path
+        page = (await client.get(f"/ui/jobs/{job}")).text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    job_id = await store.enqueue(NewJob("site.form", {"name": "Ada", "n": 1}, max_attempts=3))
+    claimed = await store.claim_one()
+    assert claimed is not None
+    await store.fail_permanently(claimed, "PermanentError: crm: HTTP 400 Bad Request: no such list")
+    async with logged_in(app) as (client, csrf):
+        page = (await client.get(f"/ui/jobs/{job_id}")).text
+        assert '"name": "Ada"' in page.replace("&#34;", '"')
+        assert "Bad Request: no such list (PermanentError: crm: HTTP 400)" in page
+        assert ">Retry</button>" in page and ">Cancel</button>" not in page
+        assert "failed" in page and "1 of 3" in page
+        response = await client.post(f"/ui/jobs/{job_id}/retry", data={"csrf": csrf})
+        assert response.status_code == 303
+        page = (await client.get(response.headers["location"])).text
+        assert "Put back in the queue" in page and ">Cancel</button>" in page
+        assert (await client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})).status_code == 303
+        assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"
+        again = await client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})
+        assert again.status_code == 409 and "only a pending job" in again.text
+        assert (await client.get("/ui/jobs/424242")).status_code == 404
+        assert (await client.get("/ui/jobs/abc")).status_code == 400
+
+
+async def test_jobs_list_filters_pages_and_clamps(app: RunningApp, db: Any) -> None:
+    ids = [await insert_job(db, kind="k.a" if i % 2 else "k.b", recipient=str(i % 3)) for i in range(7)]
+    async with logged_in(app) as (client, _):
+        page = (await client.get("/ui/jobs?kind=k.a&limit=2")).text
+        shown = [int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">', page)]
+        assert shown == [ids[5], ids[3]]
+        older = re.search(r'href="/ui/jobs\?([^"]+)">Older', page)
+        assert older and f"before={ids[3]}" in older.group(1).replace("&amp;", "&")
+        page2 = (await client.get("/ui/jobs?" + older.group(1).replace("&amp;", "&"))).text
+        assert [int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">', page2)] == [ids[1]]
+        assert "Newest" in page2
+        assert [int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">', (
+            await client.get("/ui/jobs?recipient=0")).text)] == [ids[6], ids[3], ids[0]]
+        for bad in ("limit=201", "limit=0", "status=nope", "colour=red", "since=whenever", "event_id=-3"):
+            response = await client.get(f"/ui/jobs?{bad}")
+            assert response.status_code == 400, bad
+            assert 'class="error"' in response.text
+
+
+async def test_event_page_replay_and_events_list(app: RunningApp, db: Any) -> None:
+    job, event = await seeded(app, db)
+    async with logged_in(app) as (client, csrf):
+        page = (await client.get(f"/ui/events/{event}")).text
+        assert f'href="/ui/jobs/{job}"' in page and ">Replay</button>" in page
+        assert "update_id" in page  # the body, as JSON and raw
+        response = await client.post(f"/ui/events/{event}/replay", data={"csrf": csrf})
+        assert response.status_code == 303
+        page = (await client.get(response.headers["location"])).text
+        new = await db.fetch_val("select max(id) from jobs where event_id = %s", [event])
+        assert new != job and f"created job(s) <a href=\"/ui/jobs/{new}\">{new}</a>" in page
+        listing = (await client.get("/ui/events")).text
+        assert f'href="/ui/events/{event}"' in listing
+
+
+async def test_bulk_retry_confirms_with_a_count_then_says_what_it_did(app: RunningApp, db: Any) -> None:
+    failed = [await insert_job(db, kind="k.a", status="failed", attempts=8) for _ in range(3)]
+    await insert_job(db, kind="k.b", status="failed", attempts=8)
+    async with logged_in(app) as (client, csrf):
+        listing = (await client.get("/ui/jobs?status=failed&kind=k.a")).text
+        assert 'href="/ui/retry-failed?kind=k.a"' in listing
+        confirm = (await client.get("/ui/retry-failed?kind=k.a")).text
+        assert "3 failed job(s) match" in confirm and ">Retry</button>" in confirm
+        done = await client.post("/ui/retry-failed", data={"csrf": csrf, "kind": "k.a", "since": ""})
+        assert done.status_code == 200 and "Retried 3, skipped 0" in done.text
+        statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
+        assert [statuses[i] for i in failed] == ["pending"] * 3
+        assert sorted(statuses.values()).count("failed") == 1
+
+
+async def test_pause_and_resume_from_the_overview(app: RunningApp, db: Any) -> None:
+    await insert_job(db, kind="k.a", status="failed")
+    async with logged_in(app) as (client, csrf):
+        response = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "k.a"})
+        assert (response.status_code, response.headers["location"]) == (303, "/ui/?notice=paused")
+        page = (await client.get("/ui/?notice=paused")).text
+        assert "Paused: its jobs stay pending" in page and ">Resume</button>" in page
+        assert 'class="badge">paused' in page
+        assert (await client.post("/ui/kinds/resume", data={"csrf": csrf, "kind": "k.a"})).status_code == 303
+        assert await db.fetch_val("select count(*) from paused_kinds") == 0
+        empty = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": " "})
+        assert empty.status_code == 400
+
+
+async def test_overview_shows_capped_counts_and_the_chart(app: RunningApp, db: Any) -> None:
+    await db.execute("insert into jobs (kind, status, finished_at) select 'bulk.kind', 'done', now() "
+                     "from generate_series(1, 1005)")
+    await insert_job(db, kind="bulk.kind", status="failed")
+    async with logged_in(app) as (client, _):
+        page = (await client.get("/ui/")).text
+        assert "1,000+" in page
+        assert '<rect class="done"' in page and '<rect class="failed"' in page
+        assert "1005 done" in page and "1 failed" in page
+        refresh = (await client.get("/ui/?refresh=10")).text
+        assert '<meta http-equiv="refresh" content="10">' in refresh
+        assert "http-equiv" not in (await client.get("/ui/?refresh=1")).text  # only the offered periods
+
+
+async def test_a_console_query_past_its_timeout_says_narrow_the_filter(app: RunningApp, db: Any) -> None:
+    from autom.web.console import views
+
+    async with logged_in(app) as (client, _):
+        original = views.QUERY_SECONDS
+        views.QUERY_SECONDS = 0.001
+        try:
+            await db.execute("insert into jobs (kind) select 'k' from generate_series(1, 200000)")
+            response = await client.get("/ui/jobs?recipient=nobody")
+        finally:
+            views.QUERY_SECONDS = original
+        assert response.status_code == 503 and "narrow the filter" in response.text
+
+
+def test_sessions_expire_and_cannot_be_forged() -> None:
+    sessions = Sessions("token-1", lifetime_seconds=3600)
+    cookie = sessions.issue(now=1_000_000)
+    session = sessions.check(cookie, now=1_000_100)
+    assert session is not None
+    assert sessions.check(cookie, now=1_000_000 + 3600) is None  # expired
+    assert Sessions("token-2", 3600).check(cookie, now=1_000_100) is None  # a new ADMIN_TOKEN ends it
+    issued, nonce, mac = cookie.split(".")[1:]
+    assert sessions.check(f"v1.{int(issued) + 9999}.{nonce}.{mac}", now=1_000_100) is None
+    assert sessions.csrf_ok(session, sessions.csrf_token(session))
+    assert not sessions.csrf_ok(session, None) and not sessions.csrf_ok(session, "")
+    other = sessions.check(sessions.issue(now=1_000_000), now=1_000_100)
+    assert other is not None and sessions.csrf_token(other) != sessions.csrf_token(session)
+
+
+def test_cross_site_rules() -> None:
+    assert not cross_site("same-origin", None, "a:1")
+    assert not cross_site("none", None, "a:1")
+    assert cross_site("cross-site", "http://a:1", "a:1")
+    assert cross_site("same-site", None, "a:1")
+    assert not cross_site(None, "http://a:1", "a:1")
+    assert not cross_site(None, "https://a:1", "a:1")  # TLS ended at a proxy
+    assert cross_site(None, "http://b:1", "a:1")
+    assert cross_site(None, "null", "a:1")
+    assert not cross_site(None, None, "a:1")
+
+
+def test_login_limiter_per_address_and_in_all() -> None:
+    limiter = LoginLimiter(attempts=3, window=60, global_attempts=5)
+    for t in range(3):
+        limiter.failed("a", now=100 + t)
+    assert limiter.retry_after("a", now=103) == pytest.approx(57)
+    assert limiter.retry_after("b", now=103) == 0
+    assert limiter.retry_after("a", now=161) == 0  # the window moved on
+    for t in range(5):
+        limiter.failed(f"c{t}", now=200)
+    assert limiter.retry_after("d", now=201) == pytest.approx(59)  # all addresses together
+
+
+async def test_console_disabled_without_an_admin_token(db: Any) -> None:
+    async with running_app(db, app_settings(admin_token=None)) as app:
+        response = await app.client.post("/ui/login", data={"token": ""})
+        assert response.status_code == 403 and "ADMIN_TOKEN is not set" in response.text
+        assert (await app.client.get("/ui/")).status_code == 302
