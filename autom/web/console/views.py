@@ -415,7 +415,7 @@ class Console:
         session: Session | None = g.get("console_session")
         csrf = self._sessions.csrf_token(session) if session is not None and self._sessions else ""
         body = await render_template(template, csrf=csrf, logged_in=session is not None, when=present.when,
-                                     **context)
+                                     headline_of=error_headline, **context)
         return Response(body, status=status, content_type="text/html; charset=utf-8")
 
     async def _error(self, status: int, message: str) -> Response:

@@ -1,0 +1,293 @@
+"""The console in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``)
+driven by Selenium against the whole service (HTTP, workers, a Telegram stub on 127.0.0.1).
+
+What a person does: log in, find the failed job, open it, press Retry and see it done;
+replay an event; cancel a pending job. What must not happen: a payload's ``<script>`` or
+``<img onerror>`` running, a form posted without its CSRF token being obeyed, a page
+shown without a session.
+
+``.ci/run`` installs Chromium and its driver when they are missing. Where no browser can
+be had these tests skip, saying why. With ``AUTOM_CONSOLE_SCREENSHOTS=<folder>`` the
+run also saves the README's screenshots (overview, a job, an event) there.
+
+Selenium is synchronous: its calls run in a worker thread (``Browser``) while the
+service runs in the test's trio nursery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import trio
+
+from tests.support.service import (
+    ADMIN_TOKEN,
+    post_telegram,
+    running_service,
+    service_settings,
+    telegram_update,
+    wait_until,
+)
+from tests.support.telegram_stub import Reply
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
+T = TypeVar("T")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DRIVER = shutil.which("chromedriver")
+SHOTS = os.environ.get("AUTOM_CONSOLE_SCREENSHOTS")
+
+EVIL_SCRIPT = "<script>document.title='pwned';window.__pwned=1</script>"
+EVIL_IMG = "<img src=x onerror=\"document.title='pwned';window.__pwned=2\">"
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    """One headless Chromium for the module (a fresh profile; cookies cleared per test)."""
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("NO BROWSER: Chromium or chromedriver is not installed, so the console's browser tests "
+                    "did not run (apt-get install chromium chromium-driver; .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1360,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    try:
+        drv = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    except WebDriverException as exc:
+        pytest.skip(f"NO BROWSER: Chromium would not start ({exc.msg}); the console's browser tests did not run")
+    drv.set_page_load_timeout(30)
+    yield drv
+    drv.quit()
+
+
+class Browser:
+    """The driver, used from trio: each call runs in a worker thread."""
+
+    def __init__(self, drv: Any, base: str) -> None:
+        self.drv = drv
+        self.base = base
+
+    async def do(self, fn: Callable[[Any], T]) -> T:
+        return await trio.to_thread.run_sync(fn, self.drv)
+
+    async def open(self, path: str) -> None:
+        await self.do(lambda d: d.get(self.base + path))
+
+    async def path(self) -> str:
+        url = await self.do(lambda d: d.current_url)
+        return url[len(self.base):] if url.startswith(self.base) else url
+
+    async def text(self) -> str:
+        def read(d: Any) -> str:
+            try:
+                return str(d.find_element(By.TAG_NAME, "main").text)
+            except WebDriverException:  # between two pages: nothing to read yet
+                return ""
+        return await self.do(read)
+
+    async def press(self, label: str) -> None:
+        """Click the submit button labelled ``label`` (the contract names them: Retry, Cancel,
+        Replay) and wait until the next page has replaced this one."""
+        await self.navigate(lambda d: d.find_element(By.XPATH, f"//button[normalize-space()='{label}']").click())
+
+    async def follow(self, text: str) -> None:
+        """Click the link reading ``text`` and wait for the page it leads to."""
+        await self.navigate(lambda d: d.find_element(By.LINK_TEXT, text).click())
+
+    async def navigate(self, act: Callable[[Any], None]) -> None:
+        """Do ``act`` (a click that loads a page) and wait until the old page is gone and the new one loaded."""
+        def run(d: Any) -> None:
+            old = d.find_element(By.TAG_NAME, "html")
+            act(d)
+            WebDriverWait(d, 15).until(expected_conditions.staleness_of(old))
+            WebDriverWait(d, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
+        await self.do(run)
+
+    async def wait_for_text(self, needle: str, reload: bool = False, timeout: float = 15) -> None:
+        """Until the page shows ``needle`` (reloading each time when ``reload``)."""
+        async def shown() -> bool:
+            if reload:
+                await self.do(lambda d: d.refresh())
+            return needle in await self.text()
+        await wait_until(shown, timeout=timeout, interval=0.2)
+
+    async def login(self) -> None:
+        await self.open("/ui/")
+        assert (await self.path()).startswith("/ui/login")
+
+        await self.do(lambda d: d.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN))
+        await self.press("Log in")
+        assert (await self.path()) == "/ui/"
+
+    async def shot(self, name: str) -> None:
+        if SHOTS:
+            folder = Path(SHOTS)
+
+            def save(d: Any) -> None:
+                folder.mkdir(parents=True, exist_ok=True)
+                d.save_screenshot(str(folder / name))
+            await self.do(save)
+
+
+@asynccontextmanager
+async def console(drv: Any, dsn: str, telegram_stub: Any) -> AsyncIterator[tuple[Browser, httpx.AsyncClient, Any]]:
+    """The whole service, a browser without cookies pointed at it, and an HTTP client for set-up."""
+    async with (
+        running_service(service_settings(dsn, telegram_stub.url)) as svc,
+        httpx.AsyncClient(base_url=svc.urls[0], timeout=10.0) as client,
+    ):
+        browser = Browser(drv, svc.urls[0])
+        await browser.open("/ui/login")
+        await browser.do(lambda d: d.delete_all_cookies())
+        yield browser, client, svc
+
+
+async def job_of(client: httpx.AsyncClient, event_id: int) -> int:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    return int((await client.get(f"/admin/events/{event_id}", headers=headers)).json()["job_ids"][0])
+
+
+async def test_log_in_find_the_failed_job_retry_it_and_see_it_done(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    # the first answer to chat 9 is a permanent 400: the job fails for good
+    telegram_stub.plan("sendMessage", [Reply(400, description="Bad Request: chat not found")], chat_id=9)
+    async with console(driver, dsn, telegram_stub) as (browser, client, _):
+        for update_id, chat in ((1, 5), (2, 6), (3, 9)):
+            assert (await post_telegram(client, telegram_update(update_id, chat, "/ping"))).status_code == 202
+        failed_event = 3
+        await wait_until(lambda: db.fetch_val("select count(*) = 1 from jobs where status = 'failed'"))
+        await wait_until(lambda: db.fetch_val("select count(*) = 2 from jobs where status = 'done'"))
+
+        await browser.login()
+        await browser.wait_for_text("1 failed", reload=True)
+        await browser.shot("console-overview.png")
+        await browser.follow("Failed")
+        assert (await browser.path()) == "/ui/jobs?status=failed"
+        listing = await browser.text()
+        assert "chat not found" in listing
+        job_id = await job_of(client, failed_event)
+        await browser.follow(str(job_id))
+        assert (await browser.path()) == f"/ui/jobs/{job_id}"
+        page = await browser.text()
+        assert "failed" in page and "Bad Request: chat not found" in page
+        await browser.press("Retry")
+        await browser.wait_for_text("Put back in the queue")
+        await browser.wait_for_text("done", reload=True)
+        page = await browser.text()
+        assert f"Job {job_id} done" in page
+        assert "Retry" not in [b.text for b in await browser.do(lambda d: d.find_elements(By.TAG_NAME, "button"))]
+        await browser.open(f"/ui/jobs/{job_id}")
+        await browser.shot("console-job.png")
+        assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage", chat_id=9)] == ["pong", "pong"]
+
+
+async def test_replay_an_event_from_its_page(driver: Any, dsn: str, db: Any, telegram_stub: Any) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, client, _):
+        event_id = (await post_telegram(client, telegram_update(7, 11, "/ping"))).json()["id"]
+        first = await job_of(client, event_id)
+        await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [first]))
+        await browser.login()
+        await browser.follow("Events")
+        await browser.follow(str(event_id))
+        page = await browser.text()
+        assert '"update_id": 7' in page and "x-telegram-bot-api-secret-token" not in page
+        await browser.press("Replay")
+        await browser.wait_for_text("Replayed: created job(s)")
+        created = await db.fetch_val("select max(id) from jobs where event_id = %s", [event_id])
+        assert created != first
+        await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [created]))
+        await browser.do(lambda d: d.refresh())
+        await browser.shot("console-event.png")
+        assert len(telegram_stub.calls_of("sendMessage", chat_id=11)) == 2
+
+
+async def test_cancel_a_pending_job(driver: Any, dsn: str, db: Any, telegram_stub: Any) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, _client, _):
+        job_id = await db.fetch_val(
+            "insert into jobs (kind, payload, run_at) values ('site.form', '{\"n\": 1}', now() + interval '1 day') "
+            "returning id")
+        await browser.login()
+        await browser.open(f"/ui/jobs/{job_id}")
+        await browser.press("Cancel")
+        await browser.wait_for_text("Cancelled: it will not run.")
+        assert f"Job {job_id} cancelled" in await browser.text()
+        assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"
+        assert await db.fetch_val("select count(*) from alerts") == 0
+
+
+async def test_a_payload_with_script_and_img_onerror_is_text_and_runs_nothing(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, _client, _):
+        payload = {"text": EVIL_SCRIPT + EVIL_IMG}
+        event_id = await db.fetch_val(
+            "insert into events (source, headers, body) values ('site', %s, %s) returning id",
+            [json.dumps({"x-note": EVIL_IMG}), json.dumps(payload)])
+        job_id = await db.fetch_val(
+            "insert into jobs (kind, payload, status, last_error, recipient, event_id, finished_at) "
+            "values ('site.form', %s, 'failed', %s, %s, %s, now()) returning id",
+            [json.dumps(payload), EVIL_IMG, EVIL_SCRIPT, event_id])
+        await browser.login()
+        for path in (f"/ui/jobs/{job_id}", f"/ui/events/{event_id}", "/ui/jobs?status=failed"):
+            await browser.open(path)
+            page = await browser.text()
+            assert EVIL_SCRIPT in page or "<script>" in page, path  # shown as text
+            assert await browser.do(lambda d: d.title) != "pwned", path
+            assert await browser.do(lambda d: d.execute_script("return window.__pwned || null")) is None, path
+            assert await browser.do(lambda d: d.find_elements(By.CSS_SELECTOR, "main img, main script")) == [], path
+            try:
+                await browser.do(lambda d: d.switch_to.alert.text)
+                raise AssertionError(f"an alert opened on {path}")
+            except NoAlertPresentException:
+                pass
+
+
+async def test_a_post_without_the_csrf_token_is_refused(driver: Any, dsn: str, db: Any, telegram_stub: Any) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, _client, _):
+        job_id = await db.fetch_val(
+            "insert into jobs (kind, run_at) values ('site.form', now() + interval '1 day') returning id")
+        await browser.login()
+        await browser.open(f"/ui/jobs/{job_id}")
+        # a forged form: the same button, its CSRF field taken out
+        await browser.do(lambda d: d.execute_script(
+            "document.querySelectorAll('input[name=csrf]').forEach(function (e) { e.remove(); });"))
+        await browser.press("Cancel")
+        await browser.wait_for_text("Refused")
+        assert "security token is missing or wrong" in await browser.text()
+        assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "pending"
+
+
+async def test_every_page_without_a_session_goes_to_the_login(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, client, _):
+        event_id = (await post_telegram(client, telegram_update(9, 12, "/ping"))).json()["id"]
+        job_id = await job_of(client, event_id)
+        for path in ("/ui/", "/ui/jobs", "/ui/jobs?status=failed", f"/ui/jobs/{job_id}", "/ui/events",
+                     f"/ui/events/{event_id}", "/ui/retry-failed"):
+            await browser.open(path)
+            assert (await browser.path()).startswith("/ui/login"), path
+            assert await browser.do(lambda d: d.find_elements(By.NAME, "token")), path
+        # logging in from there lands where the person wanted to go
+        await browser.open(f"/ui/jobs/{job_id}")
+        await browser.do(lambda d: d.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN))
+        await browser.press("Log in")
+        assert (await browser.path()) == f"/ui/jobs/{job_id}"
+        # and logging out ends it
+        await browser.press("Log out")
+        await browser.open("/ui/")
+        assert (await browser.path()).startswith("/ui/login")
