@@ -1,0 +1,212 @@
+"""Console benchmark: how fast the console's pages answer with 1,000,000 jobs in the table.
+
+    python bench/console.py [--jobs 1000000] [--events 100000] [--requests 30] [--out FILE]
+
+What one run does:
+
+1. creates a fresh database on ``--admin-dsn`` (default: the local PostgreSQL) and
+   applies the migrations (dropped at the end unless ``--keep-db``);
+2. seeds ``--events`` events and ``--jobs`` jobs with ``generate_series`` in a few
+   statements (bounded: no loop per row), shaped like a service that ran for a week:
+   6 kinds, 10,000 recipients, every 10th job from an event; 94 % done, 3 % failed
+   (with an error), 2 % pending, 0.5 % running, 0.5 % cancelled; finished jobs spread
+   over the last 7 days, about 6,000 in the last hour; then ``vacuum analyze``;
+3. serves the real HTTP app (``create_app``, ``serve_http``) on 127.0.0.1, logs in
+   to the console as a person would (POST /ui/login with ADMIN_TOKEN) and fetches
+   each page ``--requests`` times after one warm-up, one request at a time, timing
+   the whole answer (httpx, on this machine).
+
+Pages: the overview; the jobs list unfiltered; the failed jobs of one kind (the
+filtered page of the target); one recipient's jobs; a kind's page deep in the table
+(keyset ``before`` at the middle id); the events list. Target: every page under
+200 ms (p95). Every result is one JSON line (stdout and ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ADMIN_DSN = os.environ.get("AUTOM_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+TOKEN = "bench-admin-token"
+KINDS = ["telegram.message", "telegram.send", "site.form", "github.event", "stripe.event", "heartbeat"]
+
+SEED_EVENTS = """
+insert into events (source, headers, body, dedup_key, received_at)
+select 'site', '{"content-type": "application/json"}'::jsonb,
+       '{"id": "' || g || '", "name": "customer ' || g || '", "email": "c' || g || '@example.com"}',
+       'evt-' || g, now() - make_interval(secs => (%(events)s - g) * 604800.0 / %(events)s)
+from generate_series(1, %(events)s) g
+"""
+
+# Status by g % 1000: 0-19 pending, 20-24 running, 25-54 failed, 55-59 cancelled, the rest done.
+SEED_JOBS = """
+insert into jobs (kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,
+                  event_id, recipient, created_at, updated_at, finished_at, claimed_at)
+select (array['telegram.message','telegram.send','site.form','github.event','stripe.event','heartbeat'])[1 + g %% 6],
+       jsonb_build_object('n', g, 'text', 'message number ' || g),
+       s.status,
+       case s.status when 'pending' then 0 when 'failed' then 8 else 1 end,
+       8,
+       t.created,
+       case s.status when 'running' then now() + interval '60 seconds' end,
+       case s.status when 'failed' then 'PermanentError: telegram sendMessage: HTTP 400 Bad Request: chat not found' end,
+       case when g %% 10 = 0 then 'job-' || g end,
+       case when g %% 10 = 0 then 1 + (g / 10) %% %(events)s end,
+       case when g %% 6 < 2 then 'r' || (g %% 10000) end,
+       t.created, t.created,
+       case when s.status in ('done', 'failed', 'cancelled') then t.created + interval '2 seconds' end,
+       case when s.status in ('done', 'failed', 'running') then t.created + interval '1 second' end
+from generate_series(1, %(jobs)s) g
+cross join lateral (select case when g %% 1000 < 20 then 'pending' when g %% 1000 < 25 then 'running'
+                                when g %% 1000 < 55 then 'failed' when g %% 1000 < 60 then 'cancelled'
+                                else 'done' end as status) s
+cross join lateral (select now() - make_interval(secs => (%(jobs)s - g) * 604800.0 / %(jobs)s) as created) t
+"""
+
+
+def emit(rec: dict[str, Any], out: str | None) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def log(msg: str) -> None:
+    print(f"[console-bench] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def bench_database(admin_dsn: str, keep: bool):
+    """A fresh, migrated database for the block; yields its dsn."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from autom.db.migrate import apply_migrations_sync
+
+    name = f"autom_console_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    dsn = make_conninfo(admin_dsn, dbname=name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            apply_migrations_sync(conn)
+        yield dsn
+    finally:
+        if not keep:
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+def seed(dsn: str, jobs: int, events: int) -> dict[str, float]:
+    """Seed the tables (a few statements); returns the seconds each step took."""
+    import psycopg
+
+    took: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("set statement_timeout = '10min'")
+        for name, query in (("events", SEED_EVENTS), ("jobs", SEED_JOBS)):
+            started = time.perf_counter()
+            conn.execute(query, {"jobs": jobs, "events": events})
+            took[f"seed_{name}_s"] = round(time.perf_counter() - started, 1)
+            log(f"seeded {name} in {took[f'seed_{name}_s']} s")
+        started = time.perf_counter()
+        conn.execute("vacuum analyze")
+        took["vacuum_s"] = round(time.perf_counter() - started, 1)
+        took["jobs_in_table"] = conn.execute("select count(*) from jobs").fetchone()[0]  # type: ignore[index]
+        took["middle_id"] = conn.execute("select id from jobs order by id offset %s limit 1",
+                                         [jobs // 2]).fetchone()[0]  # type: ignore[index]
+    return took
+
+
+async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any]]:
+    """Serve the app, log in, time each page ``requests`` times (after one warm-up)."""
+    import httpx
+    import trio
+
+    from autom.config import Settings
+    from autom.db import open_database
+    from autom.deps import Deps
+    from autom.jobs.store import JobStore
+    from autom.sources import enabled_sources
+    from autom.web import create_app, serve_http
+
+    settings = Settings(database_url=dsn, admin_token=TOKEN, host="127.0.0.1", log_level="warning")
+    pages = {
+        "overview": "/ui/",
+        "jobs, no filter": "/ui/jobs",
+        "failed jobs of one kind": "/ui/jobs?status=failed&kind=telegram.message",
+        "one recipient's jobs": "/ui/jobs?recipient=r4242",
+        "a kind, deep page (keyset)": f"/ui/jobs?kind=site.form&before={middle_id}",
+        "events": "/ui/events",
+    }
+    results = []
+    async with open_database(dsn, min_size=2, max_size=8) as db:
+        deps = Deps(settings=settings, db=db, store=JobStore(db), sources=enabled_sources(settings), telegram=None)
+        app = create_app(deps)
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(partial(serve_http, deps, app, binds=["127.0.0.1:0"]))
+            async with httpx.AsyncClient(base_url=urls[0], timeout=30.0) as client:
+                login = await client.post("/ui/login", data={"token": TOKEN})
+                assert login.status_code == 303, login.text
+                for name, path in pages.items():
+                    warm = await client.get(path)
+                    assert warm.status_code == 200, (path, warm.status_code, warm.text[:300])
+                    times = []
+                    for _ in range(requests):
+                        started = time.perf_counter()
+                        response = await client.get(path)
+                        times.append((time.perf_counter() - started) * 1000)
+                        assert response.status_code == 200, (path, response.status_code)
+                    times.sort()
+                    rec = {
+                        "system": "autom", "test": "console_page", "page": name, "path": path,
+                        "requests": requests, "p50_ms": round(statistics.median(times), 1),
+                        "p95_ms": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
+                        "max_ms": round(times[-1], 1), "bytes": len(warm.content),
+                        "capped_counts": "1,000+" in warm.text,
+                    }
+                    results.append(rec)
+                    log(f"{name}: p50 {rec['p50_ms']} ms, p95 {rec['p95_ms']} ms, max {rec['max_ms']} ms")
+            deps.shutdown.value = True
+            nursery.cancel_scope.cancel()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--admin-dsn", default=ADMIN_DSN)
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if not 1 <= args.jobs <= 5_000_000 or not 1 <= args.events <= 1_000_000 or not 1 <= args.requests <= 1000:
+        parser.error("--jobs 1..5,000,000, --events 1..1,000,000, --requests 1..1000 (the run stays bounded)")
+    sys.path.append(str(HERE.parent))
+    import trio
+
+    with bench_database(args.admin_dsn, args.keep_db) as dsn:
+        took = seed(dsn, args.jobs, args.events)
+        emit({"system": "autom", "test": "console_seed", "jobs": args.jobs, "events": args.events, **took,
+              "load_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+             args.out)
+        for rec in trio.run(measure, dsn, args.requests, took["middle_id"]):
+            emit({**rec, "jobs": args.jobs}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
