@@ -30,8 +30,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -86,28 +84,6 @@ def emit(rec: dict[str, Any], out: str | None) -> None:
 
 def log(msg: str) -> None:
     print(f"[console-bench] {msg}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def bench_database(admin_dsn: str, keep: bool):
-    """A fresh, migrated database for the block; yields its dsn."""
-    import psycopg
-    from psycopg.conninfo import make_conninfo
-
-    from autom.db.migrate import apply_migrations_sync
-
-    name = f"autom_console_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    dsn = make_conninfo(admin_dsn, dbname=name)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            apply_migrations_sync(conn)
-        yield dsn
-    finally:
-        if not keep:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(f'drop database if exists "{name}" with (force)')
 
 
 def seed(dsn: str, jobs: int, events: int) -> dict[str, float]:
@@ -198,8 +174,9 @@ def main() -> int:
         parser.error("--jobs 1..5,000,000, --events 1..1,000,000, --requests 1..1000 (the run stays bounded)")
     sys.path.append(str(HERE.parent))
     import trio
+    from drain import bench_database  # bench/drain.py: a fresh migrated database, dropped at the end
 
-    with bench_database(args.admin_dsn, args.keep_db) as dsn:
+    with bench_database(args.admin_dsn, "console", args.keep_db) as dsn:
         took = seed(dsn, args.jobs, args.events)
         emit({"system": "autom", "test": "console_seed", "jobs": args.jobs, "events": args.events, **took,
               "load_1min": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
