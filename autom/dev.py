@@ -328,6 +328,7 @@ def banner(settings: Settings, url: str, database: DatabaseNote, folder: Path,
     ]
     for name in GENERATED:
         lines.append(f"            {name}={getattr(settings, name.lower())}")
+    lines.append(f"  console   {base}/ui/ (log in with ADMIN_TOKEN)")
     if database.url:
         lines += [
             "  operate   autom failed / retry / replay in another terminal, in this folder, while this runs:",

@@ -245,6 +245,7 @@ async def test_autom_dev_from_an_empty_folder_and_again(tmp_path):
         saved = {k: v for k, v in dotenv_values(dev_env).items() if v is not None}
         assert set(saved) == set(dev.GENERATED)
         assert banner_secrets(banner) == saved
+        assert f"  console   {url}/ui/ (log in with ADMIN_TOKEN)" in banner
         assert re.fullmatch(r"[A-Za-z0-9_-]{1,256}", saved["TELEGRAM_WEBHOOK_SECRET"])  # Telegram's rule
         assert (folder / ".autom" / "pgdata" / "PG_VERSION").is_file()
 
