@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from autom.errors import PermanentError
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.integration.test_admin import AUTH, insert_job, ping, post_update
@@ -170,7 +171,7 @@ async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: Runni
     assert running[-1]["ended_at"] is None and running[-1]["started_at"] is not None
     assert running[0]["error"] == "TransientError: HTTP 502"
     assert all(a["started_at"] and a["started_at"] <= (a["ended_at"] or "9") for a in running)
-    await store.fail_permanently(job, "PermanentError: HTTP 400 nope")
+    await store.fail(job, PermanentError("HTTP 400 nope"))
     log = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
     assert [(a["attempt"], a["outcome"], a["error"]) for a in log][-1] == (3, "failed", "PermanentError: HTTP 400 nope")
     # pruned with the job

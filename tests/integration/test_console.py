@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from autom.errors import PermanentError
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from autom.web.console.auth import COOKIE, LoginLimiter, Sessions, cross_site
@@ -182,7 +183,7 @@ async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any
     job_id = await store.enqueue(NewJob("site.form", {"name": "Ada", "n": 1}, max_attempts=3))
     claimed = await store.claim_one()
     assert claimed is not None
-    await store.fail_permanently(claimed, "PermanentError: crm: HTTP 400 Bad Request: no such list")
+    await store.fail(claimed, PermanentError("crm: HTTP 400 Bad Request: no such list"))
     async with logged_in(app) as (client, csrf):
         page = (await client.get(f"/ui/jobs/{job_id}")).text
         assert '"name": "Ada"' in page.replace("&#34;", '"')
