@@ -15,8 +15,10 @@ code above the boundary only ever sees these::
     ├── BadRequest               an admin request's parameter is malformed (400)
     └── JobError                 raised by handlers to steer the queue
         ├── PermanentError       do not retry: the job fails for good (4xx but 429)
-        └── TransientError       retry with backoff (5xx, network, timeouts)
-            └── Retry            retry no sooner than ``after`` seconds (429 retry_after)
+        ├── TransientError       retry with backoff (5xx, network, timeouts)
+        │   └── Retry            retry no sooner than ``after`` seconds (429 retry_after)
+        ├── Defer                not now: run again after ``after`` seconds, the attempt not counted
+        └── LeaseLost            this run no longer holds its claim: its writes must not commit
 
 The database bridge (``autom.db.bridge``) is the one place psycopg's errors are
 translated: a lost connection becomes ``DatabaseUnavailable``, every other
@@ -100,3 +102,25 @@ class Retry(TransientError):
     def __init__(self, message: str, *, after: float) -> None:
         super().__init__(message)
         self.after = max(0.0, float(after))
+
+
+class Defer(JobError):
+    """Not now: run the job again after ``after`` seconds; this attempt does not count.
+
+    The job goes back to pending at now + ``after`` with its attempt given back; no
+    error is recorded as a failure and no alert is sent (a send limiter that is out
+    of tokens raises it). It keeps its place in its recipient's order.
+    """
+
+    def __init__(self, message: str = "deferred", *, after: float) -> None:
+        super().__init__(message)
+        after = float(after)
+        self.after = after if after == after and after > 0.0 else 0.0  # NaN and negatives: at once
+
+
+class LeaseLost(JobError):
+    """The run no longer holds its claim (its lease ran out and the job may be another's).
+
+    Raised by a fenced write inside a handler's transaction, so that transaction
+    rolls back instead of committing work a newer claim will do again.
+    """
