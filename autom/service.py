@@ -10,7 +10,7 @@
             ├── background        LISTEN autom_jobs → doorbell; alert sender (outbox); watchdog
             └── services          (started in order, each ready before the next)
                 ├── schedule ticker
-                ├── worker pool   (fetcher, runners, completer, renewer)
+                ├── worker pool   (fetcher, runners, the one outcome writer: autom/worker/)
                 └── hypercorn     /health /metrics /hooks /admin
 
 Shutdown: ``deps.shutdown`` closes the listener and stops claiming; running

@@ -31,7 +31,7 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- due time. Jobs of a paused kind (paused_kinds, migrations/0008) are skipped.
 -- The two lanes take turns (see pick), so a backlog in one cannot hold back the
 -- other. Each claim takes a new lease generation and counts an attempt.
--- The claim commits synchronously (unlike complete, renew and release): see
+-- The claim commits synchronously (unlike complete): see
 -- autom/jobs/store.py.
 with idle as (
     -- recipients at the front of the line with nothing due: retire them until their
@@ -135,72 +135,82 @@ select d.id,
        ) <= now() as more
 from d, sync;
 
--- name: retry_later
--- A transient failure: back to pending at now + delay (fenced by lease generation).
-with f as (
-    update jobs set status = 'pending', run_at = now() + make_interval(secs => %(delay)s),
-                    last_error = %(error)s, updated_at = now()
-     where id = %(id)s and lease = %(lease)s and status = 'running'
-    returning id, recipient, run_at, locked_until
-),
-free as (
-    update recipients r
-       set busy_until = case when r.busy_until = f.locked_until then null else r.busy_until end,
-           next_due_at = least(r.next_due_at, f.run_at), ver = r.ver + 1
-      from f where r.recipient = f.recipient
-)
-select id, run_at from f;
-
--- name: fail_final
--- A permanent failure or the last attempt: failed for good (fenced by lease generation).
-with f as (
-    update jobs set status = 'failed', last_error = %(error)s, finished_at = now(), updated_at = now()
+-- name: complete_in_tx
+-- Mark one claim done inside the caller's transaction (a handler's own writes commit
+-- with it, or neither does); fenced like complete_many. The server's commit setting
+-- applies: the caller's transaction holds the handler's writes too.
+with d as (
+    update jobs set status = 'done', finished_at = now(), updated_at = now()
      where id = %(id)s and lease = %(lease)s and status = 'running'
     returning id, recipient, locked_until
 ),
 free as (
     update recipients r set busy_until = null
-      from f where r.recipient = f.recipient and r.busy_until = f.locked_until
+      from d where r.recipient = d.recipient and r.busy_until = d.locked_until
 )
-select id from f;
+select id from d;
 
--- name: release_many
--- Shutdown: put unfinished claims back to pending at once; the interrupted attempt
--- is not counted (attempts - 1), run_at is kept so the job keeps its place.
--- Asynchronous commit (see complete_many).
-with f as (
-    update jobs set status = 'pending', attempts = greatest(attempts - 1, 0), updated_at = now(),
-                    last_error = coalesce(%(reason)s, last_error)
-     where (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
-       and status = 'running'
-    returning id, recipient, run_at, locked_until
+-- name: settle_many
+-- Every outcome of a run but "done", for many claims in one statement (the worker's
+-- one outcome writer, autom/worker/completer.py), each fenced by its lease generation:
+--   retry     back to pending at now + delay, the error recorded (the attempt counts)
+--   failed    failed for good (the jobs_failed_alert trigger records its alert)
+--   released  back to pending at once, the attempt not counted (shutdown); run_at kept
+--   deferred  back to pending at now + delay, the attempt not counted, no error (Defer)
+-- A job that waits (retry, deferred) keeps its place in its recipient's order:
+-- queued_at keeps the run_at it was first queued for (migrations/0006).
+with t as (
+    select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[],
+                         %(errors)s::text[], %(delays)s::float8[]) as t (id, lease, outcome, error, delay)
+),
+f as (
+    update jobs j
+       set status = case when t.outcome = 'failed' then 'failed' else 'pending' end,
+           attempts = case when t.outcome in ('released', 'deferred') then greatest(j.attempts - 1, 0)
+                           else j.attempts end,
+           queued_at = case when t.outcome in ('retry', 'deferred') then coalesce(j.queued_at, j.run_at)
+                            else j.queued_at end,
+           run_at = case when t.outcome in ('retry', 'deferred') then now() + make_interval(secs => t.delay)
+                         else j.run_at end,
+           last_error = case t.outcome when 'deferred' then j.last_error
+                                       when 'released' then coalesce(t.error, j.last_error)
+                                       else t.error end,
+           finished_at = case when t.outcome = 'failed' then now() else j.finished_at end,
+           updated_at = now()
+      from t
+     where j.id = t.id and j.lease = t.lease and j.status = 'running'
+    returning j.id, j.recipient, j.run_at, j.locked_until, j.status
 ),
 free as (
     update recipients r
        set busy_until = case when r.busy_until = f.locked_until then null else r.busy_until end,
-           next_due_at = least(r.next_due_at, f.run_at), ver = r.ver + 1
+           next_due_at = case when f.status = 'pending' then least(r.next_due_at, f.run_at)
+                              else r.next_due_at end,
+           ver = r.ver + 1
       from f where r.recipient = f.recipient
 ),
-wake as (select pg_notify('autom_jobs', '') from f limit 1),
-sync as (select set_config('synchronous_commit', 'off', true))
-select id from f, (select count(*) from wake) w, sync;
+wake as (select pg_notify('autom_jobs', '') from f where f.status = 'pending' and f.run_at <= now() limit 1)
+select f.id, f.status, f.run_at from f, (select count(*) from wake) w;
 
 -- name: renew_many
 -- Extend the leases this process holds; returns the claims still held (a missing
--- one was lost: its lease expired and another claim took the job). The
--- recipient stays busy at least as long as the lease. Asynchronous commit (see complete_many).
+-- one was lost: its lease expired, whether or not another claim took the job yet). The
+-- recipient stays busy at least as long as the lease. Committed durably: the worker
+-- moves its local deadline on this answer (autom/jobs/store.py).
 with r as (
     update jobs j set locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
       from (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]) as t (id, lease)) t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'
+       -- a lease that ran out stays out: the job may be claimed again any moment, and
+       -- this process already stopped the run at its local deadline (autom/worker)
+       and j.locked_until > now()
     returning j.id, j.recipient, j.locked_until
 ),
 busy as (
     update recipients rc set busy_until = greatest(rc.busy_until, r.locked_until)
       from r where rc.recipient = r.recipient
-),
-sync as (select set_config('synchronous_commit', 'off', true))
-select r.id, r.locked_until from r, sync;
+)
+select r.id, r.locked_until from r;
 
 -- name: get_job
 select id, kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,

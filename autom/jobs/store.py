@@ -1,27 +1,26 @@
-"""The queue's state changes: enqueue, claim, complete, fail, renew, release.
+"""The queue's state changes: enqueue, claim, complete, settle (retry, fail, release, defer), renew.
 
 Every function is one SQL statement from ``queries.sql``, guarded by state and
 the lease generation: a claim increments ``lease``, and complete/fail/renew only
 match ``(id, lease, status='running')``, so a worker whose lease expired and whose
 job was claimed again changes nothing when it wakes up.
 
-Complete, renew and release commit with ``synchronous_commit = off``, set inside
-each statement for its own transaction only (``set_config(..., true)``): the
+Complete commits with ``synchronous_commit = off``, set inside
+the statement for its own transaction only (``set_config(..., true)``): the
 commit returns before its WAL is flushed, and a crash of the *server* (not of a
-worker) can lose the last fraction of a second of these writes, never a job, and
-never the fencing:
+worker) can lose the last fraction of a second of completions, never a job, and
+never the fencing: a lost completion leaves the job running under the same
+lease; it is claimed again when the lease expires (generation + 1) and runs
+again, which at-least-once allows; the handler's effect was not lost, only its
+record. It does not change the generation, so it cannot hand one out twice.
 
-- a lost completion leaves the job running under the same lease; it is claimed
-  again when the lease expires (generation + 1) and runs again, which
-  at-least-once allows; the handler's effect was not lost, only its record;
-- a lost renewal only shortens a lease (the next renewal comes at lease/3; if the
-  lease runs out, that is the ordinary lost-lease case);
-- a lost release leaves the job running under its lease: it comes back when the
-  lease expires, as if the release had not been tried.
-
-None of them changes the generation, so none can hand one out twice. The claim,
-enqueue (the intake's 202 promises the event and its jobs are on disk) and fail
-keep the server's setting. A claim committed asynchronously and lost in a crash
+Everything else keeps the server's setting: the claim, enqueue (the intake's
+202 promises the event and its jobs are on disk), ``settle_many`` (a failure's
+alert, a release at shutdown) and the renewal. A renewal lost in a crash would
+leave the worker's local deadline (autom/worker/run.py) later than the lease the
+database kept, and another claim could start the job while this run goes on; a
+renewal is one statement per lease/3 for all held claims, so durability costs
+nothing worth saving. A claim committed asynchronously and lost in a crash
 would give its generation again to the next claim of the job, while the lost
 claim's worker might still complete or fail with it; and it measured no faster
 here (bench/RESULTS.md, Worker): the claim stays durable. Whatever is committed
@@ -44,6 +43,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from autom.db.queries import Q
+from autom.errors import Defer
 from autom.jobs.models import Job, NewJob
 from autom.jobs.retry import RetryPolicy, describe, is_final
 
@@ -95,6 +95,30 @@ def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int]:
 def _job(row: dict[str, Any]) -> Job:
     # the claim returns exactly Job's fields, by name
     return Job(**row)
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """One outcome of a run other than "done", to be written (``JobStore.settle_many``).
+
+    ``outcome``: ``retry`` (pending at now + ``delay``, the attempt counts), ``failed``
+    (for good; its alert is recorded with it), ``released`` (pending at once, the attempt
+    not counted: shutdown) or ``deferred`` (pending at now + ``delay``, the attempt not
+    counted, no error recorded: ``Defer``). ``error``: the one-line ``last_error``.
+    """
+
+    job: Job
+    outcome: Literal["retry", "failed", "released", "deferred"]
+    error: str | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a settled claim's job became: ``pending`` (``run_at`` = next try) or ``failed``."""
+
+    status: str
+    run_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -177,25 +201,56 @@ class JobStore:
         rows = await self.db.fetch_all(Q.complete_many, _claims(jobs), prepare=True)
         return {row["id"] for row in rows}, any(row["more"] for row in rows)
 
-    async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
-        """Record a failed attempt: retry later with backoff, or fail for good.
+    def decide(self, job: Job, error: BaseException | str) -> Settle:
+        """What a run that ended with ``error`` does to its job (pure but for the jitter).
 
-        A ``PermanentError`` or the last attempt ends in ``failed``; anything else is
-        transient and the job waits ``RetryPolicy.delay_for`` (at least a 429's
-        ``retry_after``). Nothing changes when this claim no longer holds the job.
+        ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
+        attempt given back, no error recorded. A ``PermanentError`` or the last attempt:
+        ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
+        429's ``retry_after``).
         """
+        if isinstance(error, Defer):
+            ceiling = max(self.retry.cap, self.retry.after_ceiling)
+            return Settle(job, "deferred", describe(error), min(error.after, ceiling))
         text = describe(error)
         exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
         if is_final(exc, job.attempts, job.max_attempts):
-            row = await self.db.fetch_one(Q.fail_final, {"id": job.id, "lease": job.lease, "error": text})
-            return FailOutcome("failed" if row else "stale", text)
-        delay = self.retry.delay_for(exc, job.attempts, self._rand)
-        row = await self.db.fetch_one(
-            Q.retry_later, {"id": job.id, "lease": job.lease, "error": text, "delay": delay}
-        )
-        if row is None:
-            return FailOutcome("stale", text)
-        return FailOutcome("pending", text, row["run_at"])
+            return Settle(job, "failed", text)
+        return Settle(job, "retry", text, self.retry.delay_for(exc, job.attempts, self._rand))
+
+    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
+        """Write every outcome but "done" for many claims in one statement (fenced by lease
+        generation); returns {id: what it became} for the claims that were still held."""
+        if not items:
+            return {}
+        params = {
+            "ids": [i.job.id for i in items],
+            "leases": [i.job.lease for i in items],
+            "outcomes": [i.outcome for i in items],
+            "errors": [i.error for i in items],
+            "delays": [i.delay for i in items],
+        }
+        rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)
+        return {row["id"]: Settled(row["status"], row["run_at"]) for row in rows}
+
+    async def complete_in(self, tx: Tx, job: Job) -> bool:
+        """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at
+        all); False when the claim is no longer held (the caller should roll back)."""
+        row = await tx.fetch_one(Q.complete_in_tx, {"id": job.id, "lease": job.lease})
+        return row is not None
+
+    async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
+        """Record a failed attempt now: retry later with backoff, or fail for good (see ``decide``).
+
+        Nothing changes when this claim no longer holds the job (``stale``).
+        """
+        return await self._settle_one(self.decide(job, error))
+
+    async def _settle_one(self, item: Settle) -> FailOutcome:
+        done = (await self.settle_many([item])).get(item.job.id)
+        if done is None:
+            return FailOutcome("stale", item.error or "")
+        return FailOutcome("failed" if done.status == "failed" else "pending", item.error or "", done.run_at)
 
     async def renew(self, jobs: Iterable[Job]) -> dict[int, datetime]:
         """Extend the leases of these claims; returns {id: new locked_until} for those still held."""
@@ -208,11 +263,7 @@ class JobStore:
 
     async def release(self, jobs: Iterable[Job], reason: str | None = None) -> set[int]:
         """Put unfinished claims back to pending now, not counting the interrupted attempt."""
-        jobs = list(jobs)
-        if not jobs:
-            return set()
-        rows = await self.db.fetch_all(Q.release_many, {**_claims(jobs), "reason": reason}, prepare=True)
-        return {row["id"] for row in rows}
+        return set(await self.settle_many([Settle(j, "released", reason) for j in jobs]))
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
         """One job row as a dict, or None."""

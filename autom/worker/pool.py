@@ -1,61 +1,57 @@
-"""The worker pool: claim (fair, batched, one claim ahead) → handler → complete (batched) or fail.
+"""The worker pool: fetcher (claims fair batches, ahead of the handlers) → runners → the one writer.
 
 Inside the service nursery::
 
     WorkerPool.run
-    ├── completer      batches completions into one statement (group-commit style)
-    ├── renewer        extends the leases of held jobs (queued, running, finishing) every lease/3
+    ├── completer      the one writer: outcomes batched, leases renewed between flushes
     ├── stop watcher   wakes the fetcher when shutdown is set
     └── handler scope  (hard deadline at shutdown)
         ├── fetcher    keeps up to WORKERS + prefetch jobs claimed; waits on the doorbell when nothing is due
-        └── WORKERS worker tasks, each running one claimed job at a time, fed by a memory channel
+        └── WORKERS runners, each running one claimed job at a time, fed by a memory channel
+
+Every claim becomes a ``Run`` (autom/worker/run.py): its job, its lease generation,
+and a cancel scope whose deadline is the run's *local* deadline, the lease end
+less a safety margin, moved forward only by a successful renewal. A handler
+never outlives its lease: when the database cannot be reached to renew it, the
+handler is cancelled at that deadline and the claim dropped (the job is someone
+else's now), before another claim could run it. In-process state is keyed by
+claim ``(id, lease)``: a new claim of an id this process still holds (its lease
+ran out while it waited) replaces the old one, which is dropped.
 
 Claims run ahead of the handlers. While WORKERS handlers run, more claimed jobs
 wait in the pool's queue, so the next claim's round trip overlaps the jobs in hand
 instead of leaving the workers idle (bench/RESULTS.md, Worker). How many may wait
 follows the handlers' pace: about what the workers start during two claim round
-trips, never more than ``prefetch`` (at most one claim batch). Fast handlers get
-whole batches; slow ones keep one job in reserve instead of holding leased jobs
-that another replica could run. With jobs still queued, the fetcher claims again
-only once half a batch of room is free, so claims stay batches.
+trips, never more than ``prefetch`` (at most one claim batch). With jobs still
+queued, the fetcher claims again only once half a batch of room is free, so
+claims stay batches.
 
 Shutdown is two-phase: ``deps.shutdown`` stops the fetcher (soft), and the claimed
 jobs that no worker has started go back to pending at once; running handlers get
 until ``stop_at(deadline)`` (hard), then they are cancelled and their jobs put back
-to pending at once, the interrupted attempt not counted.
+to pending at once, the interrupted attempt not counted. The writer records all
+of it before the pool returns (bounded).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
 from autom.bells import Doorbell
 from autom.deps import Deps
-from autom.errors import AutomError, PermanentError
 from autom.handlers import Handler, HandlerContext
 from autom.jobs.models import Job
 from autom.jobs.retry import describe
+from autom.jobs.store import Settle, Settled
+from autom.worker.completer import Completer, Outcome, QueueStore, Status, wall_delay
+from autom.worker.run import Run, lease_margin
 
 log = logging.getLogger("autom.worker")
-
-#: how long shielded clean-up (release, last flush) may take at shutdown
-CLEANUP_SECONDS = 5.0
-
-
-@dataclass(slots=True, eq=False)
-class _Running:
-    """A claimed job from its claim to its end: queued, then running (``started`` set)."""
-
-    job: Job
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    started: float = 0.0
 
 
 def _average(mean: float, value: float) -> float:
@@ -67,81 +63,6 @@ def _context(job: Job) -> dict[str, object]:
     return {"job_id": job.id, "kind": job.kind, "attempt": job.attempts}
 
 
-class Completer:
-    """Marks finished jobs done in batches: the first completion flushes at once,
-    those that arrive during a flush go together in the next one."""
-
-    def __init__(self, deps: Deps, on_flushed: Doorbell, lock: trio.Lock) -> None:
-        self._deps = deps
-        # shared with the renewer: both update the same job and recipient rows, and two
-        # multi-row statements of one process locking them in different orders deadlocked
-        # under load (bench/load.py found it); one at a time, they cannot
-        self._lock = lock
-        self._pending: dict[int, Job] = {}
-        self._bell = Doorbell()
-        self._on_flushed = on_flushed
-        self.flushes = 0
-
-    def add(self, job: Job) -> None:
-        """Queue ``job`` for completion (the worker slot is free right away)."""
-        self._pending[job.id] = job
-        self._bell.set()
-
-    @property
-    def pending(self) -> list[Job]:
-        """Jobs finished but not yet recorded as done (their leases still need renewing)."""
-        return list(self._pending.values())
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Flush forever (cancel it after ``drain``)."""
-        task_status.started()
-        backoff = 0.2
-        while True:
-            seen = self._bell.count
-            if not self._pending:
-                await self._bell.wait_after(seen)
-                continue
-            try:
-                await self._flush()
-                backoff = 0.2
-            except Exception as exc:  # any database error: the completions wait, the service lives
-                log.warning(f"could not record completions, retrying in {backoff:.1f}s: {describe(exc)}")
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def _flush(self) -> None:
-        async with self._lock:
-            # taken under the lock: the shutdown drain and the flush loop may both be here,
-            # and a batch must not be sent twice (the second would match nothing)
-            batch = list(self._pending.values())
-            if not batch:
-                return
-            held, more = await self._deps.store.complete_batch(batch)
-            for job in batch:
-                self._pending.pop(job.id, None)
-                if job.id not in held:
-                    log.warning("job finished but its lease was lost; another claim owns it now",
-                                extra=_context(job))
-        self.flushes += 1
-        if more:
-            # a completion freed a recipient that has its next job due: the fetcher may
-            # claim it now (otherwise these completions freed nothing a claim could find)
-            self._on_flushed.set()
-
-    async def drain(self) -> None:
-        """Record what is still pending (shielded, bounded): called once at shutdown."""
-        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-            while self._pending:
-                try:
-                    await self._flush()
-                except Exception as exc:
-                    log.warning(f"could not record completions at shutdown: {describe(exc)}")
-                    await trio.sleep(0.5)
-        if self._pending:
-            log.error(f"{len(self._pending)} finished jobs not recorded as done; they will run again "
-                      "when their leases expire")
-
-
 class WorkerPool:
     """``workers`` concurrent handlers fed by one fetcher; see the module docstring.
 
@@ -151,6 +72,10 @@ class WorkerPool:
     handlers' pace (``_adapt``): about what the workers start during two claim round
     trips, so fast handlers get whole batches and slow ones hold one job in reserve.
     Until the first handler has finished, ``min(prefetch, workers)`` may wait.
+
+    ``store``: the queue (default ``deps.store``; any ``QueueStore``, so the scheduling
+    is tested without PostgreSQL). ``context``: builds the ``HandlerContext`` a run's
+    handler gets (default: one shared context); it receives the ``Run``.
     """
 
     def __init__(
@@ -162,6 +87,8 @@ class WorkerPool:
         batch: int = 100,
         prefetch: int | None = None,
         poll_seconds: float = 1.0,
+        store: QueueStore | None = None,
+        context: Callable[[Run], Any] | None = None,
     ) -> None:
         self.deps = deps
         self.handlers = dict(handlers)
@@ -175,19 +102,24 @@ class WorkerPool:
         self._handler_s = 0.0  # moving average of a handler's run time (0: not measured yet)
         self._claim_s = 0.0  # moving average of a claim's round trip
         self.poll_seconds = poll_seconds
-        self.store = deps.store
+        self.store: QueueStore = store if store is not None else deps.store
+        self.lease_seconds = self.store.lease_seconds
+        self._margin = lease_margin(self.lease_seconds)
         self.ctx = HandlerContext(settings=deps.settings, db=deps.db, telegram=deps.telegram)
-        self.running: dict[int, _Running] = {}  # handler started
-        self.queued: dict[int, _Running] = {}  # claimed, waiting for a worker (in the channel)
-        self._send, self._receive = trio.open_memory_channel[_Running](math.inf)
+        self._make_context: Callable[[Run], Any] = context or (lambda _run: self.ctx)
+        # every claim held, by claim: queued (waiting for a runner), running, or finished
+        # and waiting for the writer
+        self.queued: dict[tuple[int, int], Run] = {}
+        self.running: dict[tuple[int, int], Run] = {}
+        self._finishing: dict[tuple[int, int], Run] = {}
+        self._by_id: dict[int, Run] = {}  # the newest claim of each id held
+        self._send, self._receive = trio.open_memory_channel[Run](math.inf)
         self._slots = Doorbell()  # rung when the fetcher waits for room and there is enough
         self._wants_room = False
         self._stopping = Doorbell()  # rung once shutdown is set
         self._handler_scope = trio.CancelScope()
         self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
-        self._rows_lock = trio.Lock()
-        self._completer = Completer(deps, deps.doorbell, self._rows_lock)
-        self.lease_seconds = deps.store.lease_seconds
+        self._completer = Completer(self.store, self, renew_every=self.lease_seconds / 3)
         self._by_kind: dict[str, tuple[Any, Any]] = {}  # kind → (duration histogram, "done" counter)
         # read when /metrics is scraped instead of moved twice per job
         deps.metrics.workers_busy.set_function(lambda: len(self.running))
@@ -202,6 +134,11 @@ class WorkerPool:
         """Jobs this process holds claimed and not finished: running plus queued."""
         return len(self.running) + len(self.queued)
 
+    @property
+    def completer(self) -> Completer:
+        """The pool's one outcome writer."""
+        return self._completer
+
     def stop_at(self, deadline: float) -> None:
         """Hard deadline (trio clock) for running handlers; what runs then is cancelled and released."""
         self._handler_scope.deadline = min(self._handler_scope.deadline, deadline)
@@ -215,19 +152,18 @@ class WorkerPool:
         self.deps.metrics.workers.set(self.workers)
         async with trio.open_nursery() as aux:
             await aux.start(self._completer.run)
-            aux.start_soon(self._renew_loop)
             aux.start_soon(self._watch_shutdown)
             with self._handler_scope:
                 async with trio.open_nursery() as runners:
                     for _ in range(self.workers):
-                        runners.start_soon(self._worker)
+                        runners.start_soon(self._runner)
                     task_status.started()
                     try:
                         await self._fetch_loop()
                     finally:
-                        await self._give_back_queued()
+                        self._give_back_queued()
                     if self.running:
-                        log.info(f"draining: waiting for {len(self.running)} running jobs")
+                        log.info("draining: waiting for %d running jobs", len(self.running))
             await self._completer.drain()
             aux.cancel_scope.cancel()
         log.info("worker pool stopped")
@@ -241,10 +177,13 @@ class WorkerPool:
 
     # -- fetching ------------------------------------------------------------------
 
+    def _room(self) -> int:
+        return self.capacity - len(self.running) - len(self.queued)
+
     def _may_claim(self) -> bool:
         """Whether there is room for a claim: with claimed jobs still waiting for a worker,
         only once half a batch is free, so claims stay batches."""
-        room = self.capacity - len(self.running) - len(self.queued)
+        room = self._room()
         return room > 0 and (not self.queued or room >= max(1, min(self.batch, self.capacity) // 2))
 
     async def _fetch_loop(self) -> None:
@@ -260,30 +199,42 @@ class WorkerPool:
                 finally:
                     self._wants_room = False
                 continue
-            want = min(self.capacity - len(self.running) - len(self.queued), self.batch)
+            want = min(self._room(), self.batch)
             seen = doorbell.count
             started = trio.current_time()
             try:
                 jobs = await self.store.claim(want)
             except Exception as exc:  # database down or a statement error: back off, never die
-                log.warning(f"claim failed, retrying in {backoff:.1f}s: {describe(exc)}")
-                await self._wait(self._stopping, self._stopping.count, backoff)
+                log.warning("claim failed, retrying in %.1fs: %s", backoff, describe(exc))
+                with trio.move_on_after(backoff):
+                    await self._stopping.wait_after(self._stopping.count)
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.5
             self._claim_s = _average(self._claim_s, trio.current_time() - started)
             self._adapt()
-            queued, send = self.queued, self._send.send_nowait
+            # the database set each lease at (or after) the moment the claim was sent
+            deadline = started + self.lease_seconds - self._margin
             for job in jobs:
-                claim = _Running(job)
-                queued[job.id] = claim
-                send(claim)
+                self._hold(Run(job, deadline, self.store))
             if len(jobs) < want:
                 # nothing more is due now: sleep until rung, polled, or a local retry is due
                 timeout = min(self.poll_seconds, max(0.0, self._next_local_due - trio.current_time()))
                 if self._next_local_due <= trio.current_time() + timeout:
                     self._next_local_due = math.inf
-                await self._wait(doorbell, seen, timeout)
+                with trio.move_on_after(timeout):
+                    await doorbell.wait_after(seen)
+
+    def _hold(self, run: Run) -> None:
+        """Take a new claim into the pool; an older claim of the same id is dropped."""
+        older = self._by_id.get(run.job.id)
+        if older is not None:
+            # its lease ran out (this process missed it) and the job was claimed again,
+            # by us: the old claim must neither run on nor be written
+            self.lost(older)
+        self._by_id[run.job.id] = run
+        self.queued[run.key] = run
+        self._send.send_nowait(run)
 
     def _adapt(self) -> None:
         """Set how many claimed jobs may wait: what the workers start, at their recent
@@ -293,40 +244,30 @@ class WorkerPool:
         pace = self.workers / max(self._handler_s, 1e-6)  # jobs/s the workers can start
         self._ahead = max(1, min(self.prefetch, math.ceil(pace * self._claim_s * 2)))
 
-    @staticmethod
-    async def _wait(bell: Doorbell, seen: int, seconds: float) -> None:
-        """Wait for ``bell`` (rung after ``seen``; shutdown rings every bell the fetcher waits on) or ``seconds``."""
-        with trio.move_on_after(seconds):
-            await bell.wait_after(seen)
-
-    async def _give_back_queued(self) -> None:
-        """Shutdown: put the claimed jobs no worker has started back to pending (shielded, bounded)."""
-        self._send.close()  # the workers finish what they run, then find the channel closed
-        claims = list(self.queued.values())
-        self.queued.clear()  # a worker skips a job that is no longer queued
-        if not claims:
-            return
-        jobs = [c.job for c in claims]
-        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-            try:
-                async with self._rows_lock:
-                    released = await self.store.release(jobs)
-                log.info(f"gave back {len(released)} claimed jobs not started before shutdown")
-                return
-            except AutomError as exc:
-                log.error(f"could not give back {len(jobs)} claimed jobs not started; they run again after "
-                          f"their leases: {describe(exc)}")
-                return
-        log.error(f"giving back {len(jobs)} claimed jobs not started timed out; they run again after their leases")
+    def _give_back_queued(self) -> None:
+        """Shutdown: the claimed jobs no runner has started go back to pending (the writer
+        records it at once; the pool waits for it before it returns)."""
+        self._send.close()  # the runners finish what they run, then find the channel closed
+        runs = list(self.queued.values())
+        self.queued.clear()  # a runner skips a run that is no longer queued
+        for run in runs:
+            run.state = "finishing"
+            self._finishing[run.key] = run
+            self._completer.report(Outcome(run, "released", Settle(run.job, "released", None)))
+        if runs:
+            log.info("giving back %d claimed jobs not started before shutdown", len(runs))
 
     # -- running ---------------------------------------------------------------------
 
-    async def _worker(self) -> None:
-        queued = self.queued
-        async for claim in self._receive:
-            if queued.pop(claim.job.id, None) is None:
-                continue  # given back at shutdown, or its lease was lost while it waited
-            await self._run_job(claim)
+    async def _runner(self) -> None:
+        async for run in self._receive:
+            if self.queued.pop(run.key, None) is None:
+                continue  # given back at shutdown, or its claim was lost while it waited
+            if run.expired():
+                # its local deadline passed while it waited (renewals failed): not ours to start
+                self._drop(run, "lease could not be renewed before the job started; dropped it")
+                continue
+            await self._run_job(run)
 
     def _kind_metrics(self, kind: str) -> tuple[Any, Any]:
         found = self._by_kind.get(kind)
@@ -336,118 +277,130 @@ class WorkerPool:
                                            metrics.job_attempts.labels(kind, "done"))
         return found
 
-    async def _run_job(self, running: _Running) -> None:
-        job = running.job
-        self.running[job.id] = running
-        running.started = trio.current_time()
-        metrics = self.deps.metrics
+    async def _run_job(self, run: Run) -> None:
+        job = run.job
+        run.state = "running"
+        self.running[run.key] = run
+        run.started = trio.current_time()
+        outcome: Outcome | None = None
         try:
             handler = self.handlers.get(job.kind)
             if handler is None:
-                await self._fail(job, PermanentError(f"no handler for kind {job.kind!r}"), running)
-                return
-            if job.attempts > job.max_attempts:
+                outcome = self._failed(run, f"no handler for kind {job.kind!r}")
+            elif job.attempts > job.max_attempts:
                 # claimed again after its lease expired on the last attempt: the worker died
-                await self._fail(job, PermanentError(
-                    f"attempts exhausted: attempt {job.max_attempts} was lost with its worker"), running)
-                return
-            with running.scope:
-                try:
-                    await handler(self.ctx, job)
-                except Exception as exc:
-                    await self._fail(job, exc, running)
+                outcome = self._failed(run, f"attempts exhausted: attempt {job.max_attempts} was lost with "
+                                            "its worker")
+            else:
+                with run.scope:
+                    try:
+                        await handler(self._make_context(run), job)
+                    except Exception as exc:
+                        outcome = Outcome(run, _status(settle := self.store.decide(job, exc)), settle)
+                if run.scope.cancelled_caught:
+                    # the local deadline passed (renewals failed) or a renewal found the claim gone
+                    self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
                     return
-            if running.scope.cancelled_caught:
-                log.warning("lease lost while the handler ran; stopped it", extra=_context(job))
-                metrics.job_attempts.labels(job.kind, "lease_lost").inc()
-                return
-            duration = trio.current_time() - running.started
-            self._handler_s = _average(self._handler_s, duration)
-            seconds, done = self._kind_metrics(job.kind)
-            seconds.observe(duration)
-            done.inc()
-            self._completer.add(job)
-            if log.isEnabledFor(logging.INFO):
-                log.info("job done", extra={**_context(job), "duration_ms": round(duration * 1000, 1)})
+                duration = trio.current_time() - run.started
+                self._handler_s = _average(self._handler_s, duration)
+                if outcome is None:
+                    seconds, done = self._kind_metrics(job.kind)
+                    seconds.observe(duration)
+                    done.inc()
+                    if log.isEnabledFor(logging.INFO):
+                        log.info("job done", extra={**_context(job), "duration_ms": round(duration * 1000, 1)})
+                    if run.settled:
+                        # the handler's own transaction marked it done (Run.complete_in)
+                        self._forget(run)
+                        return
+                    outcome = Outcome(run, "done")
+                else:
+                    self.deps.metrics.job_seconds.labels(job.kind).observe(duration)
         except trio.Cancelled:
             # hard shutdown: give the job back now instead of waiting for its lease
-            context = _context(job)
-            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                try:
-                    released = await self.store.release([job], reason="interrupted by shutdown")
-                    if released:
-                        metrics.job_attempts.labels(job.kind, "released").inc()
-                        log.warning("job interrupted by shutdown; put back to pending", extra=context)
-                except AutomError as exc:
-                    log.error(f"could not put the job back; it runs again after its lease: {describe(exc)}",
-                              extra=context)
+            if not run.settled:
+                outcome = Outcome(run, "released", Settle(job, "released", "interrupted by shutdown"))
             raise
         finally:
-            del self.running[job.id]
+            del self.running[run.key]
+            if outcome is not None:
+                run.state = "finishing"
+                self._finishing[run.key] = run
+                self._completer.report(outcome)
             if self._wants_room and self._may_claim():
                 self._slots.set()
 
-    async def _fail(self, job: Job, exc: Exception, running: _Running) -> None:
-        """Record a failed attempt; alert once when the job failed for good."""
-        context = _context(job)
-        metrics = self.deps.metrics
-        duration = trio.current_time() - running.started
-        self._handler_s = _average(self._handler_s, duration)
-        metrics.job_seconds.labels(job.kind).observe(duration)
-        # shielded: a failure being recorded (and its alert) must not be cut off by the
-        # shutdown deadline; both are bounded by their own timeouts
-        with trio.CancelScope(shield=True):
-            await self._record_failure(job, exc, context)
-        if job.recipient is not None:
-            # the failure freed the recipient: its next job may be due now
-            self.deps.doorbell.set()
+    def _failed(self, run: Run, error: str) -> Outcome:
+        return Outcome(run, "failed", Settle(run.job, "failed", error))
 
-    async def _record_failure(self, job: Job, exc: Exception, context: dict[str, object]) -> None:
-        metrics = self.deps.metrics
-        try:
-            with trio.fail_after(CLEANUP_SECONDS):
-                outcome = await self.store.fail(job, exc)
-        except (AutomError, trio.TooSlowError) as db_exc:
-            log.error(f"could not record the failure ({describe(exc)}); the job runs again after its lease: "
-                      f"{db_exc}", extra=context)
+    # -- the writer's hooks (completer.Hooks) ------------------------------------------
+
+    def held_runs(self) -> list[Run]:
+        """Every claim held now: queued, running, finished and not yet written."""
+        return [*self.queued.values(), *self.running.values(), *self._finishing.values()]
+
+    def renewed(self, run: Run, started: float) -> None:
+        """A renewal sent at ``started`` extended ``run``'s lease: move its local deadline."""
+        run.extend(started + self.lease_seconds - self._margin)
+
+    def lost(self, run: Run) -> None:
+        """``run``'s claim is gone: a queued run is dropped, a running one cancelled."""
+        if run.state == "queued" and self.queued.pop(run.key, None) is not None:
+            self._drop(run, "lease lost before the job started; dropped it")
+        elif run.state == "running":
+            run.scope.cancel()  # _run_job drops it
+        elif run.state == "finishing":
+            run.lost = True  # its write is fenced and will match nothing
+
+    def _drop(self, run: Run, why: str) -> None:
+        log.warning(why, extra=_context(run.job))
+        self.deps.metrics.job_attempts.labels(run.job.kind, "lease_lost").inc()
+        run.state = "lost"
+        run.lost = True
+        self._forget(run)
+
+    def _forget(self, run: Run) -> None:
+        self._finishing.pop(run.key, None)
+        if self._by_id.get(run.job.id) is run:
+            del self._by_id[run.job.id]
+
+    def written(self, outcome: Outcome, settled: Settled | None) -> None:
+        """Log and count an outcome the writer recorded (``settled`` None: the claim was lost)."""
+        run, status = outcome.run, outcome.status
+        self._forget(run)
+        run.state = "written"
+        if status == "done" and settled is not None:
+            return  # the common case: nothing more to say
+        job = run.job
+        context = _context(job)
+        if status == "done":
+            log.warning("job finished but its lease was lost; another claim owns it now", extra=context)
             return
-        if outcome.status == "stale":
-            log.warning(f"job failed but its lease was lost: {outcome.error}", extra=context)
+        error = outcome.settle.error if outcome.settle is not None else None
+        if settled is None:
+            log.warning("job %s but its lease was lost: %s", status, error, extra=context)
             return
-        if outcome.final:
-            metrics.job_attempts.labels(job.kind, "failed").inc()
-            log.error(f"job failed for good: {outcome.error}", extra=context)
+        self.deps.metrics.job_attempts.labels(job.kind, status).inc()
+        if status == "failed":
+            log.error("job failed for good: %s", error, extra=context)
             # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
             self.deps.alert_bell.ring(job.id)
-            return
-        metrics.job_attempts.labels(job.kind, "retry").inc()
-        delay = (outcome.run_at.timestamp() - time.time()) if outcome.run_at else 0.0
-        self._next_local_due = min(self._next_local_due, trio.current_time() + max(0.0, delay))
-        log.warning(f"job failed, retrying in {max(delay, 0):.1f}s: {outcome.error}",
-                    extra={**context, "delay_s": round(max(delay, 0.0), 3)})
+        elif status == "released":
+            log.warning("job interrupted by shutdown; put back to pending", extra=context)
+        else:
+            delay = wall_delay(settled.run_at)
+            self._next_local_due = min(self._next_local_due, trio.current_time() + delay)
+            if status == "retry":
+                log.warning("job failed, retrying in %.1fs: %s", delay, error,
+                            extra={**context, "delay_s": round(delay, 3)})
+            else:
+                log.info("job deferred for %.1fs: %s", delay, error, extra={**context, "delay_s": round(delay, 3)})
 
-    # -- leases ----------------------------------------------------------------------
+    def flushed(self, freed: bool) -> None:
+        """A flush freed a recipient whose next job may be due: the fetcher may claim it now."""
+        if freed:
+            self.deps.doorbell.set()
 
-    async def _renew_loop(self) -> None:
-        interval = max(0.05, self.lease_seconds / 3)
-        while True:
-            await trio.sleep(interval)
-            claims = [*self.running.values(), *self.queued.values()]
-            jobs = [c.job for c in claims] + self._completer.pending
-            if not jobs:
-                continue
-            try:
-                async with self._rows_lock:
-                    held = await self.store.renew(jobs)
-            except Exception as exc:  # the next round tries again, well before the leases run out
-                log.warning(f"could not renew {len(jobs)} leases: {describe(exc)}")
-                continue
-            for claim in claims:
-                job_id = claim.job.id
-                if job_id in held:
-                    continue
-                # another claim owns the job now: it must not run, or finish, twice
-                if self.queued.pop(job_id, None) is not None:
-                    log.warning("lease lost before the job started; dropped it", extra=_context(claim.job))
-                elif self.running.get(job_id) is claim:
-                    claim.scope.cancel()
+
+def _status(settle: Settle) -> Status:
+    return settle.outcome

@@ -228,3 +228,37 @@ async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
             nursery.start_soon(claimer)
     assert len(done) == 500 and len(set(done)) == 500
     assert await db.fetch_val("select count(*) from jobs where status <> 'done'") == 0
+
+
+async def test_a_renewal_does_not_revive_a_lease_that_ran_out(db):
+    """Expired but not yet claimed again: the renewal must not extend it (the job is
+    anybody's now); the worker already stopped the run at its local deadline."""
+    store = make_store(db, lease=0.3)
+    job_id = await store.enqueue(NewJob("slow"))
+    job = await store.claim_one()
+    with trio.fail_after(5):
+        while not await db.fetch_val("select locked_until < now() from jobs where id = %s", [job_id]):
+            await trio.sleep(0.05)
+    assert await store.renew([job]) == {}
+    again = await store.claim_one()
+    assert (again.id, again.lease) == (job_id, 2)
+
+
+async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db):
+    from autom.errors import Defer
+
+    store = make_store(db)
+    job_id = await store.enqueue(NewJob("send", recipient="chat"))
+    job = await store.claim_one()
+    await store.fail(job, RuntimeError("502"))  # a real failure first: its error stays
+    await db.execute("update jobs set run_at = now() where id = %s", [job_id])
+    job = await wait_for_claim(store)
+    assert job.attempts == 2
+    settle = store.decide(job, Defer("chat limit", after=30))
+    assert (settle.outcome, settle.delay) == ("deferred", 30.0)
+    assert set(await store.settle_many([settle])) == {job_id}
+    row = await db.fetch_one(
+        "select status, attempts, last_error, run_at - now() as wait from jobs where id = %s", [job_id])
+    assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 1, "RuntimeError: 502")
+    assert 29 <= row["wait"].total_seconds() <= 30
+    assert await db.fetch_val("select count(*) from alerts") == 0

@@ -34,7 +34,7 @@ def pg() -> Iterator[RestartablePg]:
 
 
 class NoTelegram:
-    """The pool rings the alert bell only for failed jobs; none fail here."""
+    """No handler here talks to Telegram."""
 
 
 def make_pool(db: Any, handlers: dict[str, Any], *, workers: int = 2) -> WorkerPool:

@@ -198,3 +198,36 @@ async def test_no_claim_after_a_completion_that_freed_nothing_but_a_recipients_n
 
 async def _value(value: Any) -> Any:
     return value
+
+
+async def test_a_run_can_commit_done_in_the_handlers_own_transaction(db):
+    """The seam for handler contexts: ``run.complete_in(tx)`` commits the handler's writes
+    and "done" together; a claim that is gone raises LeaseLost and nothing commits."""
+    from autom.errors import LeaseLost
+
+    store = JobStore(db)
+    kept, lost = await store.enqueue_many([NewJob("write", {"name": "kept"}), NewJob("write", {"name": "lost"})])
+    raised: list[str] = []
+
+    async def write(run: Any, job: Job) -> None:
+        try:
+            async with db.transaction() as tx:
+                await tx.execute("insert into service_state (name) values (%s)", [job.payload["name"]])
+                if job.id == lost:
+                    # another claim took the job meanwhile (its lease generation moved on)
+                    await db.execute("update jobs set lease = lease + 1 where id = %s", [job.id])
+                await run.complete_in(tx)
+        except LeaseLost as exc:
+            raised.append(str(exc))
+            raise
+
+    pool, _ = make_pool(db, {"write": write}, workers=2, context=lambda run: run)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [kept]))
+        await wait_until(lambda: _value(len(raised) == 1 and pool.completer.pending == 0 and not pool.running))
+        pool.deps.shutdown.value = True
+    assert [r["name"] for r in await db.fetch_all("select name from service_state")] == ["kept"]
+    rows = {r["id"]: r for r in await db.fetch_all("select id, status, attempts from jobs")}
+    assert (rows[kept]["status"], rows[lost]["status"]) == ("done", "running")
+    assert pool.completer.flushes == 1  # only the lost run's (fenced, matching nothing) outcome

@@ -1,0 +1,233 @@
+"""The one outcome writer: every write this process makes to the jobs it holds.
+
+River's executor/completer split (``internal/jobcompleter``): the runners only
+report how a run ended (``report``); this one task writes it, batched:
+
+- ``done``: ``complete_batch`` (one statement for every finished run in the batch);
+- ``retry``, ``failed``, ``released``, ``deferred``: ``settle_many`` (one statement);
+- and between flushes, every ``lease/3``, the renewal of every claim still held
+  (queued, running, or finished but not yet written).
+
+One writer instead of three (completer, failure path, renewer): two multi-row
+statements of one process updating the same job and recipient rows in different
+orders deadlocked under load (bench/load.py found it); a lock kept them apart
+before. Now they cannot overlap at all, and there is no lock.
+
+A renewal that fails (the database away or stalled) is retried soon; the runs it
+could not extend reach their local deadlines (``Run``, autom/worker/pool.py) and
+are cancelled there, before their leases run out in the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import trio
+
+from autom.bells import Doorbell
+from autom.jobs.retry import describe
+from autom.jobs.store import Settle, Settled
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from autom.jobs.models import Job
+    from autom.jobs.retry import RetryPolicy
+    from autom.worker.pool import Run
+
+log = logging.getLogger("autom.worker")
+
+#: how long the last flush at shutdown may take (shielded)
+CLEANUP_SECONDS = 5.0
+
+Status = Literal["done", "retry", "failed", "released", "deferred"]
+
+_DONE = Settled("done", None)
+
+
+class QueueStore(Protocol):
+    """What the worker needs of the queue (``JobStore``; unit tests pass a fake)."""
+
+    lease_seconds: float
+    retry: RetryPolicy
+
+    async def claim(self, n: int = 1) -> list[Job]:
+        """Claim up to ``n`` due jobs."""
+        ...
+
+    async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
+        """Mark claims done; (ids still held, whether a freed recipient has its next job due)."""
+        ...
+
+    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
+        """Write the other outcomes; {id: what it became} for the claims still held."""
+        ...
+
+    async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
+        """Extend the unexpired leases of these claims; {id: new end} for those still held."""
+        ...
+
+    def decide(self, job: Job, error: BaseException | str) -> Settle:
+        """The outcome of a run that raised ``error``."""
+        ...
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one run ended, as a runner reports it."""
+
+    run: Run
+    status: Status
+    settle: Settle | None = None  # every status but "done"
+
+
+class Hooks(Protocol):
+    """What the writer tells the pool (``WorkerPool`` implements it)."""
+
+    def held_runs(self) -> list[Run]:
+        """Every claim this process holds now (to renew)."""
+        ...
+
+    def renewed(self, run: Run, started: float) -> None:
+        """``run``'s lease was extended by a renewal sent at ``started`` (trio clock)."""
+        ...
+
+    def lost(self, run: Run) -> None:
+        """``run``'s claim is no longer held: stop it, drop it."""
+        ...
+
+    def written(self, outcome: Outcome, settled: Settled | None) -> None:
+        """``outcome`` is recorded (``settled`` None: its claim had been lost, nothing changed)."""
+        ...
+
+    def flushed(self, freed: bool) -> None:
+        """A flush ended; ``freed``: a recipient it freed has its next job due now."""
+        ...
+
+
+class Completer:
+    """Writes outcomes in batches and renews leases between them; see the module docstring.
+
+    The first outcome flushes at once; those that arrive during a flush go together
+    in the next one (group commit).
+    """
+
+    def __init__(self, store: QueueStore, hooks: Hooks, *, renew_every: float,
+                 clock: Callable[[], float] = trio.current_time) -> None:
+        self._store = store
+        self._hooks = hooks
+        self._pending: list[Outcome] = []
+        self._bell = Doorbell()
+        self._renew_every = max(0.05, renew_every)
+        self._clock = clock
+        # only this task flushes, but the shutdown drain must wait for a flush in flight
+        # (which took the batch) rather than find nothing pending and return
+        self._flushing = trio.Lock()
+        self.flushes = 0
+        self.renewals = 0
+
+    def report(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` for writing (the runner is free at once)."""
+        self._pending.append(outcome)
+        self._bell.set()
+
+    @property
+    def pending(self) -> int:
+        """Outcomes reported but not yet written."""
+        return len(self._pending)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write and renew forever (cancel it after ``drain``)."""
+        task_status.started()
+        next_renew = self._clock() + self._renew_every
+        backoff = 0.2
+        while True:
+            if self._clock() >= next_renew:
+                ok = await self._renew()
+                # a failed renewal is tried again soon: the leases are running out
+                next_renew = self._clock() + (self._renew_every if ok else min(self._renew_every, 0.5))
+                continue
+            if self._pending:
+                try:
+                    await self._flush()
+                    backoff = 0.2
+                except Exception as exc:  # any database error: the outcomes wait, the service lives
+                    log.warning("could not record %d outcomes, retrying in %.1fs: %s",
+                                len(self._pending), backoff, describe(exc))
+                    with trio.move_on_at(next_renew):
+                        await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                continue
+            seen = self._bell.count
+            with trio.move_on_at(next_renew):
+                await self._bell.wait_after(seen)
+
+    async def _renew(self) -> bool:
+        runs = self._hooks.held_runs()
+        if not runs:
+            return True
+        started = self._clock()
+        try:
+            # bounded: a renewal stuck behind a stalled database must not stop the next one
+            with trio.fail_after(max(self._renew_every, 1.0)):
+                held = await self._store.renew([r.job for r in runs])
+        except (Exception, trio.TooSlowError) as exc:
+            log.warning("could not renew %d leases: %s", len(runs), describe(exc))
+            return False
+        self.renewals += 1
+        for run in runs:
+            if run.job.id in held:
+                self._hooks.renewed(run, started)
+            else:
+                self._hooks.lost(run)
+        return True
+
+    async def _flush(self) -> None:
+        async with self._flushing:
+            await self._flush_now()
+
+    async def _flush_now(self) -> None:
+        batch = self._pending
+        self._pending = []
+        try:
+            done = [o for o in batch if o.status == "done"]
+            other = [o for o in batch if o.status != "done"]
+            held: set[int] = set()
+            more = False
+            if done:
+                held, more = await self._store.complete_batch([o.run.job for o in done])
+            settled: dict[int, Settled] = {}
+            if other:
+                settled = await self._store.settle_many([o.settle for o in other if o.settle is not None])
+        except BaseException:
+            self._pending[:0] = batch  # not written: try again (a cancel at shutdown keeps them too)
+            raise
+        self.flushes += 1
+        for o in done:
+            self._hooks.written(o, _DONE if o.run.job.id in held else None)
+        for o in other:
+            self._hooks.written(o, settled.get(o.run.job.id))
+        # a failed or waiting job freed its recipient too (its next job may be due)
+        self._hooks.flushed(more or any(o.run.job.recipient is not None for o in other))
+
+    async def drain(self) -> None:
+        """Write what is still pending (shielded, bounded): called once at shutdown."""
+        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
+            while self._pending or self._flushing.locked():
+                try:
+                    await self._flush()
+                except Exception as exc:
+                    log.warning("could not record outcomes at shutdown: %s", describe(exc))
+                    await trio.sleep(0.5)
+        if self._pending:
+            log.error("%d outcomes not recorded; those jobs run again when their leases expire",
+                      len(self._pending))
+
+
+def wall_delay(run_at: datetime | None) -> float:
+    """Seconds from now until ``run_at`` (0 when it is due or unknown)."""
+    return max(0.0, run_at.timestamp() - time.time()) if run_at is not None else 0.0

@@ -1,0 +1,90 @@
+"""``Run``: one claim of one job in this process, from its claim to its recorded outcome.
+
+A run carries what a handler's context needs to act for its claim: the job and
+its lease generation (``key`` = ``(id, lease)``), the cancel scope the handler
+runs in, and that scope's deadline, the *local* lease end: when the claim was
+sent (or the last successful renewal), plus the lease, less a safety margin.
+Only a successful renewal moves it; when it passes, the handler is cancelled
+and the claim dropped, so a handler never outlives its lease.
+
+``complete_in(tx)`` marks the job done inside a transaction the handler's
+context opened: the handler's own writes and the "done" commit together, or
+neither does (fenced: ``LeaseLost`` when this claim no longer holds the job, so
+the transaction rolls back). The runner then writes nothing more for the run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import trio
+
+from autom.errors import LeaseLost
+
+if TYPE_CHECKING:
+    from autom.db.bridge import Tx
+    from autom.jobs.models import Job
+
+State = Literal["queued", "running", "finishing", "written", "lost"]
+
+
+def lease_margin(lease_seconds: float) -> float:
+    """How long before the lease ends a run is stopped: a tenth of the lease, 50 ms to 5 s.
+
+    It covers the clock rates of this process and the database drifting apart and the
+    cancelled handler's own clean-up, never a network round trip (the local deadline
+    is counted from when the claim or renewal was *sent*, which is before the database
+    set the lease).
+    """
+    return min(5.0, max(0.05, lease_seconds * 0.1))
+
+
+class _Completes(Protocol):
+    async def complete_in(self, tx: Tx, job: Job) -> bool: ...
+
+
+class Run:
+    """One claim of ``job`` held by this process; see the module docstring."""
+
+    __slots__ = ("_store", "job", "key", "lost", "scope", "settled", "started", "state")
+
+    def __init__(self, job: Job, deadline: float, store: Any) -> None:
+        self.job = job
+        #: the claim: (job id, lease generation)
+        self.key: tuple[int, int] = (job.id, job.lease)
+        #: the handler runs in this scope; its deadline is the local lease end
+        self.scope = trio.CancelScope(deadline=deadline)
+        self.started = 0.0
+        self.state: State = "queued"
+        #: the claim is known to be gone (a renewal did not find it, or the deadline passed)
+        self.lost = False
+        #: the outcome was written in the handler's own transaction (``complete_in``)
+        self.settled = False
+        self._store: _Completes = store
+
+    @property
+    def deadline(self) -> float:
+        """The local lease end (trio clock)."""
+        return self.scope.deadline
+
+    def expired(self) -> bool:
+        """Whether the local deadline has passed (the lease may be running out in the database)."""
+        return trio.current_time() >= self.scope.deadline
+
+    def extend(self, deadline: float) -> None:
+        """A renewal succeeded: move the local deadline to ``deadline`` (never back, never once lost)."""
+        if not self.lost and deadline > self.scope.deadline:
+            self.scope.deadline = deadline
+
+    async def complete_in(self, tx: Tx) -> None:
+        """Mark this claim's job done inside ``tx`` (commits with the handler's writes).
+
+        Raises ``LeaseLost`` (and writes nothing) when the claim is no longer held; the
+        caller lets it propagate so ``tx`` rolls back. Call it last in the transaction.
+        """
+        if self.lost or self.expired():
+            raise LeaseLost(f"job {self.job.id}: lease {self.job.lease} is no longer held")
+        if not await self._store.complete_in(tx, self.job):
+            self.lost = True
+            raise LeaseLost(f"job {self.job.id}: lease {self.job.lease} is no longer held")
+        self.settled = True

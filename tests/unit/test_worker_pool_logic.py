@@ -1,0 +1,252 @@
+"""The worker pool's scheduling without PostgreSQL: a queue in memory behind the store interface.
+
+What is tested here is the pool's own logic (how many jobs it claims ahead, what
+it does at shutdown, how it treats a claim it no longer holds, how outcomes reach
+the one writer); the SQL behind the real store is tested in tests/integration.
+The clock is trio's autojump clock: nothing here waits on a thread or a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+
+from autom.config import Settings
+from autom.deps import Deps
+from autom.errors import Defer, PermanentError
+from autom.jobs.models import Job
+from autom.jobs.retry import RetryPolicy
+from autom.jobs.store import JobStore, Settle, Settled
+from autom.worker import WorkerPool
+
+
+class MemoryStore:
+    """Jobs in a dict; claims, outcomes and renewals noted for the assertions."""
+
+    def __init__(self, *, lease_seconds: float = 30.0, claim_seconds: float = 0.01) -> None:
+        self.lease_seconds = lease_seconds
+        self.retry = RetryPolicy(base=1.0, cap=60.0)
+        self._decider = JobStore(None, lease_seconds=lease_seconds, retry=self.retry, rand=lambda: 0.5)
+        self.claim_seconds = claim_seconds
+        self.pending: list[Job] = []
+        self.claims: list[int] = []  # n asked, per claim
+        self.done: list[tuple[int, int]] = []
+        self.settled: list[Settle] = []
+        self.renew_fails = False
+        self.renew_drops: set[int] = set()  # ids a renewal no longer finds
+        self.renewals = 0
+        self.next_claims: list[list[Job]] = []  # scripted claim answers, used first
+
+    def add(self, n: int, kind: str = "k", **fields: Any) -> list[Job]:
+        start = len(self.pending) + len(self.done) + len(self.settled) + 1
+        jobs = [Job(id=start + i, kind=kind, payload={}, attempts=0, max_attempts=3, lease=0,
+                    locked_until=datetime.now(UTC), **fields) for i in range(n)]
+        self.pending.extend(jobs)
+        return jobs
+
+    async def claim(self, n: int = 1) -> list[Job]:
+        await trio.sleep(self.claim_seconds)
+        self.claims.append(n)
+        if self.next_claims:
+            return self.next_claims.pop(0)
+        taken, self.pending = self.pending[:n], self.pending[n:]
+        return [replace(j, attempts=j.attempts + 1, lease=j.lease + 1) for j in taken]
+
+    async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
+        await trio.sleep(0.001)
+        self.done.extend((j.id, j.lease) for j in jobs)
+        return {j.id for j in jobs}, False
+
+    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
+        await trio.sleep(0.001)
+        self.settled.extend(items)
+        return {i.job.id: Settled("failed" if i.outcome == "failed" else "pending", None) for i in items}
+
+    async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
+        await trio.sleep(0.001)
+        self.renewals += 1
+        if self.renew_fails:
+            raise ConnectionError("database unreachable")
+        return {j.id: datetime.now(UTC) for j in jobs if j.id not in self.renew_drops}
+
+    def decide(self, job: Job, error: BaseException | str) -> Settle:
+        return self._decider.decide(job, error)
+
+
+class NoTelegram:
+    """No handler here talks to Telegram; failures ring ``deps.alert_bell``."""
+
+
+def make_pool(store: MemoryStore, handlers: dict[str, Any], **kwargs: Any) -> WorkerPool:
+    workers = kwargs.pop("workers", 4)
+    deps = Deps(settings=Settings(workers=workers), db=None, store=store, sources={},  # type: ignore[arg-type]
+                telegram=NoTelegram())  # type: ignore[arg-type]
+    return WorkerPool(deps, handlers, workers=workers, poll_seconds=0.5, store=store, **kwargs)
+
+
+async def until(condition: Any, seconds: float = 60.0) -> None:
+    with trio.fail_after(seconds):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_what_waits_adapts_to_the_handlers_pace(autojump_clock: Any) -> None:
+    """Fast handlers: up to a batch claimed ahead; slow ones: one job in reserve."""
+    for handler_s, expected in ((0.001, 46), (1.0, 1)):
+        store = MemoryStore(claim_seconds=0.01)
+        store.add(400)
+
+        async def work(ctx: Any, job: Job, seconds: float = handler_s) -> None:
+            await trio.sleep(seconds)
+
+        pool = make_pool(store, {"k": work}, workers=4, batch=50)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            await until(lambda s=store: len(s.done) >= 100)  # type: ignore[misc]
+            pool.deps.shutdown.value = True
+        # what may wait: the workers' pace times two claim round trips (at least 1, at most prefetch)
+        assert pool.capacity - pool.workers == expected
+        assert max(store.claims) <= 50
+
+
+async def test_shutdown_gives_back_queued_claims_and_releases_running_ones_at_the_hard_deadline(
+    autojump_clock: Any,
+) -> None:
+    store = MemoryStore()
+    store.add(8)
+    started: list[int] = []
+
+    async def hang(ctx: Any, job: Job) -> None:
+        started.append(job.id)
+        await trio.sleep_forever()
+
+    pool = make_pool(store, {"k": hang}, workers=2, batch=4, prefetch=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(pool.running) == 2 and len(pool.queued) >= 1)
+        queued = len(pool.queued)
+        pool.deps.shutdown.value = True
+        await until(lambda: len(store.settled) == queued)
+        assert {s.outcome for s in store.settled} == {"released"}
+        pool.stop_at(trio.current_time() + 1.0)
+    assert len(started) == 2  # nothing queued started after shutdown
+    released = [s for s in store.settled if s.outcome == "released"]
+    assert len(released) == queued + 2
+    assert sorted(s.error or "" for s in released)[-2:] == ["interrupted by shutdown"] * 2
+    assert store.done == []
+
+
+async def test_a_new_claim_of_an_id_still_held_replaces_the_old_claim(autojump_clock: Any) -> None:
+    """Job 3 waits in the queue under lease 1; its lease runs out unnoticed and the next
+    claim returns it under lease 2: only lease 2 runs, and the pool keeps going."""
+    store = MemoryStore()
+    a, b, c = store.add(3)
+    store.pending.clear()
+    gate = trio.Event()
+    ran: list[tuple[int, int]] = []
+
+    async def work(ctx: Any, job: Job) -> None:
+        ran.append((job.id, job.lease))
+        if job.id != c.id:
+            await gate.wait()
+
+    store.next_claims = [[replace(j, attempts=1, lease=1) for j in (a, b)],
+                         [replace(c, attempts=1, lease=1)],
+                         [replace(c, attempts=2, lease=2)]]
+    pool = make_pool(store, {"k": work}, workers=2, batch=2, prefetch=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.claims) >= 3)
+        assert list(pool.queued) == [(c.id, 2)]
+        gate.set()
+        await until(lambda: len(store.done) == 3)
+        pool.deps.shutdown.value = True
+    assert sorted(ran) == [(a.id, 1), (b.id, 1), (c.id, 2)]
+    assert sorted(store.done) == [(a.id, 1), (b.id, 1), (c.id, 2)]
+
+
+async def test_a_renewal_that_no_longer_finds_the_claim_cancels_the_handler_and_writes_nothing(
+    autojump_clock: Any,
+) -> None:
+    store = MemoryStore(lease_seconds=3.0)
+    (job,) = store.add(1)
+    ended: list[str] = []
+
+    async def long(ctx: Any, j: Job) -> None:
+        try:
+            await trio.sleep(100)
+            ended.append("returned")
+        except trio.Cancelled:
+            ended.append("cancelled")
+            raise
+
+    store.renew_drops.add(job.id)
+    pool = make_pool(store, {"k": long}, workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: ended != [])
+        pool.deps.shutdown.value = True
+    assert ended == ["cancelled"]
+    assert store.done == [] and store.settled == []
+    assert trio.current_time() < 3.0  # the first renewal (at lease/3) found it gone
+
+
+async def test_failing_renewals_cancel_the_handler_at_its_local_deadline(autojump_clock: Any) -> None:
+    store = MemoryStore(lease_seconds=2.0)
+    store.add(1)
+    store.renew_fails = True
+    ended: list[float] = []
+
+    async def long(ctx: Any, j: Job) -> None:
+        try:
+            await trio.sleep(5)
+        finally:
+            ended.append(trio.current_time())
+
+    pool = make_pool(store, {"k": long}, workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: ended != [])
+        pool.deps.shutdown.value = True
+    # stopped before the lease (2 s from the claim) could run out, not after 5 s
+    assert ended[0] < 2.0
+    assert store.renewals >= 2 and store.done == [] and store.settled == []
+
+
+async def test_every_outcome_goes_to_the_one_writer(autojump_clock: Any) -> None:
+    store = MemoryStore()
+    store.add(1, kind="ok")
+    store.add(1, kind="flaky")
+    store.add(1, kind="bad")
+    store.add(1, kind="later")
+    store.add(1, kind="nobody")
+
+    async def ok(ctx: Any, job: Job) -> None:
+        pass
+
+    async def flaky(ctx: Any, job: Job) -> None:
+        raise RuntimeError("502")
+
+    async def bad(ctx: Any, job: Job) -> None:
+        raise PermanentError("400 chat not found")
+
+    async def later(ctx: Any, job: Job) -> None:
+        raise Defer("chat limit", after=2.5)
+
+    pool = make_pool(store, {"ok": ok, "flaky": flaky, "bad": bad, "later": later})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.done) + len(store.settled) == 5)
+        pool.deps.shutdown.value = True
+    outcomes = {s.job.kind: (s.outcome, s.error, s.delay) for s in store.settled}
+    assert [j for j, _ in store.done] == [1]
+    assert outcomes["flaky"] == ("retry", "RuntimeError: 502", 1.0)
+    assert outcomes["bad"] == ("failed", "PermanentError: 400 chat not found", 0.0)
+    assert outcomes["later"] == ("deferred", "Defer: chat limit", 2.5)
+    assert outcomes["nobody"] == ("failed", "no handler for kind 'nobody'", 0.0)
+    # the failures for good rang the alert sender, the retry and the deferral did not
+    assert sorted(pool.deps.alert_bell.take()) == [3, 5]
