@@ -11,3 +11,8 @@ alter table jobs add column queued_at timestamptz;
 -- front holds the line. Cancelled, done and failed jobs have due_at NULL: out of line.
 create index jobs_recipient_line on jobs (recipient, (coalesce(queued_at, run_at)), id)
     where recipient is not null and due_at is not null;
+
+-- The line index replaces the run_at-ordered one: nothing walks a recipient's jobs
+-- in run_at order any more, and every claim and completion (non-HOT updates)
+-- would keep writing both.
+drop index jobs_recipient_head;

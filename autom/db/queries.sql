@@ -27,10 +27,11 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- name: claim
 -- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):
 -- at most one per recipient, recipients in least-recently-served order, a
--- recipient only while it has no unexpired running job; recipient-less jobs by
--- due time. Jobs of a paused kind (paused_kinds, migrations/0008) are skipped.
--- The two lanes take turns (see pick), so a backlog in one cannot hold back the
--- other. Each claim takes a new lease generation and counts an attempt.
+-- recipient only while it has no unexpired running job and only the head of its
+-- line (creation order; a job waiting for its retry holds it); recipient-less
+-- jobs by due time. Jobs of a paused kind (paused_kinds, migrations/0008) are
+-- skipped. The two lanes take turns (see pick), so a backlog in one cannot hold
+-- back the other. Each claim takes a new lease generation and counts an attempt.
 -- The claim commits synchronously (unlike complete): see
 -- autom/jobs/store.py.
 with idle as (
@@ -39,8 +40,11 @@ with idle as (
     select r.recipient, f.next_run
     from (
         select r0.recipient, r0.ver,
-               (select min(j.run_at) from jobs j
-                 where j.recipient = r0.recipient and j.due_at is not null) as next_run
+               -- when the head of its line is due (a head waiting for its retry holds the line)
+               (select j.due_at from jobs j
+                 where j.recipient = r0.recipient and j.due_at is not null
+                 order by coalesce(j.queued_at, j.run_at), j.id
+                 limit 1) as next_run
         from recipients r0
         where r0.next_due_at <= now() and (r0.busy_until is null or r0.busy_until < now())
         order by r0.last_served nulls first
@@ -57,12 +61,16 @@ rc as (
     select r.recipient, h.id, r.last_served
     from recipients r
     cross join lateral (
-        select j.id, j.kind from jobs j
-        where j.recipient = r.recipient and j.due_at is not null and j.due_at <= now()
-        order by j.run_at
+        -- the head of the recipient's line (jobs_recipient_line, migrations/0006): its
+        -- oldest unfinished job in queue order, claimed only once it is due itself; a
+        -- later job never overtakes it (CONTRACT.md: a FIFO group per recipient)
+        select j.id, j.kind, j.due_at from jobs j
+        where j.recipient = r.recipient and j.due_at is not null
+        order by coalesce(j.queued_at, j.run_at), j.id
         limit 1
     ) h
     where r.next_due_at <= now() and (r.busy_until is null or r.busy_until < now())
+      and h.due_at <= now()
       -- a paused kind at a recipient's head holds the recipient back (its order stays)
       and h.kind <> all (select p.kind from paused_kinds p)
     order by r.last_served nulls first
@@ -128,10 +136,13 @@ free as (
 ),
 sync as (select set_config('synchronous_commit', 'off', true))
 select d.id,
-       -- the recipient's head (jobs_recipient_head walks it in run_at order) is due
+       -- the new head of the recipient's line is due (the statement still sees the
+       -- completed job as running: it is left out by id)
        d.recipient is not null and (
-           select min(j.run_at) from jobs j
-            where j.recipient = d.recipient and j.due_at is not null and j.status = 'pending'
+           select j.due_at from jobs j
+            where j.recipient = d.recipient and j.due_at is not null and j.id <> d.id
+            order by coalesce(j.queued_at, j.run_at), j.id
+            limit 1
        ) <= now() as more
 from d, sync;
 

@@ -262,3 +262,44 @@ async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db)
     assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 1, "RuntimeError: 502")
     assert 29 <= row["wait"].total_seconds() <= 30
     assert await db.fetch_val("select count(*) from alerts") == 0
+
+
+async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_recipient(db):
+    """CONTRACT.md: a recipient's jobs run in creation order; a job waiting for its retry
+    holds back the later ones until it is done or failed (a FIFO group). Other
+    recipients and jobs without a recipient are not held back."""
+    store = make_store(db, base=0.3, cap=0.3)
+    first, second, third = await store.enqueue_many([NewJob("m", {"n": i}, recipient="chat") for i in range(3)])
+    other = await store.enqueue(NewJob("m", recipient="other"))
+    free = await store.enqueue(NewJob("m"))
+    claimed = await store.claim(10)
+    assert sorted(j.id for j in claimed) == sorted([first, other, free])
+    head = next(j for j in claimed if j.id == first)
+    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
+    assert await store.complete_many([j for j in claimed if j.id != first]) == {other, free}
+    # the retry is not due yet: nothing of "chat" may run, though its second job is due
+    assert await store.claim(10) == []
+    again = await wait_for_claim(store)
+    assert (again.id, again.attempts) == (first, 2)
+    assert await store.claim(10) == []  # still one at a time
+    await store.complete(again)
+    [nxt] = await store.claim(10)
+    assert nxt.id == second
+    # a job that failed for good, like a done one, lets the line move on
+    assert (await store.fail(nxt, PermanentError("400"))).final
+    assert [j.id for j in await store.claim(10)] == [third]
+
+
+async def test_a_deferred_job_keeps_its_place_in_its_recipients_line(db):
+    from autom.errors import Defer
+
+    store = make_store(db)
+    first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
+    [job] = await store.claim(10)
+    assert job.id == first
+    await store.settle_many([store.decide(job, Defer("chat limit", after=0.3))])
+    assert await store.claim(10) == []  # the second waits behind the deferred first
+    again = await wait_for_claim(store)
+    assert (again.id, again.attempts) == (first, 1)
+    await store.complete(again)
+    assert [j.id for j in await store.claim(10)] == [second]
