@@ -190,3 +190,46 @@ async def test_delivered_while_the_database_is_down_is_marked_later_not_sent_aga
     assert "could not mark 1 alert(s) sent" in caplog.text  # the case this test is about happened
     calls = telegram_stub.calls_of("sendMessage", chat_id=ALERT_CHAT)
     assert len(calls) == 1 and str(calls[0].params["text"]).startswith(f"autom: job {job_id} (no.such.kind)")
+
+
+async def test_two_senders_and_a_slow_telegram_name_every_failed_job_in_exactly_one_message(
+    dsn: str, db: Any, telegram_stub: TelegramStub,
+) -> None:
+    """Sender A claims six alerts and sends them one by one to a Telegram that takes a
+    second each, longer in all than A's lease; sender B polls meanwhile. A claim of B
+    must not take over rows A still sends, and A must not mark or resend rows B took:
+    each claim carries its own token (issue 11)."""
+    from autom.alerts import AlertSender, AlertThrottle
+    from autom.db import open_database
+    from autom.deps import Deps
+    from autom.telegram import open_telegram
+
+    telegram_stub.plan("sendMessage", [Reply(delay=1.0)] * 12, chat_id=ALERT_CHAT)
+    later = datetime.now(UTC) + timedelta(hours=1)  # recorded as failed directly: nobody runs them
+    ids = await JobStore(db).enqueue_many([NewJob("slow.kind", run_at=later) for _ in range(6)])
+    await db.execute("update jobs set status = 'failed', last_error = 'boom' where id = any(%s)", [ids])
+    settings = service_settings(dsn, telegram_stub.url, http_timeout_seconds=2.0)
+
+    async with open_database(dsn, min_size=1, max_size=4) as own_db, \
+            open_telegram(settings) as tg_a, open_telegram(settings) as tg_b:
+        def sender(telegram: Any) -> AlertSender:
+            deps = Deps(settings=settings, db=own_db, store=JobStore(own_db), sources={}, telegram=telegram)
+            one = AlertSender(deps, throttle=AlertThrottle(limit=20))
+            one.lease = 2.5  # shorter than six sends of a second each
+            return one
+
+        a, b = sender(tg_a), sender(tg_b)
+        for job_id in ids:
+            a.bell.ring(job_id)  # A's workers failed them: A takes them at once
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.send_round)
+            with trio.fail_after(5):  # A has them
+                while await db.fetch_val("select count(*) from alerts where claimed_until is not null") < 6:
+                    await trio.sleep(0.05)
+            await nursery.start(b.run)
+            assert await wait_until(lambda: all_sent(db, 6), timeout=40)
+            await trio.sleep(2.5)  # a late duplicate would show up within one more poll of B
+            nursery.cancel_scope.cancel()
+    named, summaries = named_and_summarised(alert_texts(telegram_stub))
+    assert summaries == []
+    assert sorted(named) == sorted(ids), named  # each failed job in exactly one message
