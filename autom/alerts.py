@@ -11,6 +11,11 @@ pending rows and marks them sent only once Telegram accepted them:
   so of several replicas one sends it; a sender killed mid-send leaves a lease that
   runs out, and another sender (or the restarted one) sends it again. At least
   once: a kill between Telegram's answer and the mark repeats one alert;
+* each claim carries a new token (``claimant``): renew, mark and release match it,
+  and before every send the sender renews every row it holds (the one it is about
+  to send, the rest of its claim, the held ones) and skips those no longer its
+  own. So a slow Telegram cannot make a lease run out mid-round and another
+  replica send the same alert again;
 * ``AlertThrottle``: at most 5 single alerts a minute per process; the rest are held
   (claimed, logged "alert suppressed by the throttle") and go out as ONE summary
   naming how many, of which kinds, and ``autom failed`` to list them;
@@ -23,6 +28,7 @@ pending rows and marks them sent only once Telegram accepted them:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
@@ -130,7 +136,7 @@ class AlertSender:
         self._held: dict[int, Row] = {}
         self._held_since: float | None = None
         # delivered but not marked yet (the mark failed): marked first thing next round
-        self._unmarked: list[tuple[str, list[int]]] = []
+        self._unmarked: list[tuple[str, list[Row]]] = []
         self._round = trio.Lock()  # ``flush`` at shutdown may meet a round of ``run``
 
     # -- the loop --------------------------------------------------------------------
@@ -170,13 +176,28 @@ class AlertSender:
     async def _look(self, *, final: bool) -> None:
         await self._mark_unmarked()
         if self._held:
-            await self.db.execute(Q.alerts_renew, {"ids": list(self._held), "lease": self.lease})
+            await self._renew([])
         rows = await self.db.fetch_all(Q.alerts_claim, {
             "mine": self.bell.take(), "grace": ORPHAN_SECONDS, "lease": self.lease, "limit": CLAIM_LIMIT,
+            "claimant": uuid.uuid4().hex,
         })
         await self._send_singles(sorted(rows, key=lambda r: r["id"]))
         if self._held and (final or trio.current_time() >= self.throttle.summary_at(self._held_since or 0.0)):
             await self._send_summary()
+
+    async def _renew(self, rows: Sequence[Row]) -> set[int]:
+        """Extend the claims on ``rows`` and on the held rows; returns the ids still ours.
+
+        Held rows another sender claimed meanwhile are dropped: that sender sends them.
+        """
+        every = [*rows, *self._held.values()]
+        kept = {r["id"] for r in await self.db.fetch_all(Q.alerts_renew, {**_claims(every), "lease": self.lease})}
+        for lost in [i for i in self._held if i not in kept]:
+            del self._held[lost]
+            log.info("held alert %d was taken over by another sender", lost)
+        if not self._held:
+            self._held_since = None
+        return kept
 
     # -- sending ---------------------------------------------------------------------
 
@@ -186,12 +207,18 @@ class AlertSender:
             if self._held or not self.throttle.has_room(now):
                 self._hold(row, now)
                 continue
+            # each send may take the whole HTTP timeout: first make sure every row this
+            # sender holds is still its own and stays so for a full lease
+            kept = await self._renew(rows[index:])
+            if row["id"] not in kept:
+                log.info("alert %d was taken over by another sender", row["id"])
+                continue
             text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "(no error text)")
             result = await self.telegram.deliver_alert(text)
             if result.delivered:
                 self.throttle.sent(trio.current_time())
                 self.deps.metrics.alerts.labels("sent").inc()
-                await self._mark("single", [row["id"]])
+                await self._mark("single", [row])
                 continue
             # Telegram is down (or refuses): try this one later, and the rest with it
             self.deps.metrics.alerts.labels("failed").inc()
@@ -209,7 +236,10 @@ class AlertSender:
         log.info("alert suppressed by the throttle: %s", one_line(text, 120))
 
     async def _send_summary(self) -> None:
+        await self._renew([])
         held = list(self._held.values())
+        if not held:
+            return
         if len(held) == 1:  # a summary of one says less than the alert itself
             only = held[0]
             text = job_failed_text(only["job_id"], only["kind"], only["attempts"], only["error"] or "(no error text)")
@@ -218,11 +248,10 @@ class AlertSender:
         result = await self.telegram.deliver_alert(text)
         self._held.clear()
         self._held_since = None
-        ids = [r["id"] for r in held]
         if result.delivered:
             self.throttle.summarised(trio.current_time())
             self.deps.metrics.alerts.labels("sent").inc()
-            await self._mark("summary" if len(held) > 1 else "single", ids)
+            await self._mark("summary" if len(held) > 1 else "single", held)
             return
         self.deps.metrics.alerts.labels("failed").inc()
         delay = max(backoff(max(r["tries"] for r in held)), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
@@ -230,21 +259,24 @@ class AlertSender:
 
     # -- bookkeeping -----------------------------------------------------------------
 
-    async def _mark(self, sent_as: str, ids: list[int]) -> None:
+    async def _mark(self, sent_as: str, rows: list[Row]) -> None:
         try:
-            await self.db.execute(Q.alerts_mark_sent, {"ids": ids, "sent_as": sent_as})
+            await self.db.execute(Q.alerts_mark_sent, {**_claims(rows), "sent_as": sent_as})
         except Exception as exc:  # delivered all the same: mark it next round, before its lease ends
-            log.warning("could not mark %d alert(s) sent; trying again: %s", len(ids), one_line(str(exc)))
-            self._unmarked.append((sent_as, ids))
+            log.warning("could not mark %d alert(s) sent; trying again: %s", len(rows), one_line(str(exc)))
+            self._unmarked.append((sent_as, rows))
 
     async def _mark_unmarked(self) -> None:
         while self._unmarked:
-            sent_as, ids = self._unmarked[0]
-            await self.db.execute(Q.alerts_mark_sent, {"ids": ids, "sent_as": sent_as})
+            sent_as, rows = self._unmarked[0]
+            await self.db.execute(Q.alerts_mark_sent, {**_claims(rows), "sent_as": sent_as})
             self._unmarked.pop(0)
 
     async def _release(self, rows: Sequence[Row], delay: float, *, failed: bool) -> None:
         if rows:
-            await self.db.execute(Q.alerts_release, {
-                "ids": [r["id"] for r in rows], "delay": delay, "failed": int(failed),
-            })
+            await self.db.execute(Q.alerts_release, {**_claims(rows), "delay": delay, "failed": int(failed)})
+
+
+def _claims(rows: Sequence[Row]) -> dict[str, list[Any]]:
+    """The (id, claimant) pairs of ``rows`` as the guarded statements take them."""
+    return {"ids": [r["id"] for r in rows], "claimants": [r["claimant"] for r in rows]}

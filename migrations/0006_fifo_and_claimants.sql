@@ -1,4 +1,4 @@
--- 0006: a recipient's jobs run in creation order, also across retries (CONTRACT.md,
+-- 0006 (issue 11): a recipient's jobs run in creation order, also across retries (CONTRACT.md,
 -- Queue semantics: a FIFO group). A retry or a deferral moves run_at to the next try;
 -- queued_at keeps the run_at the job was first queued for, so the job keeps its place
 -- in its recipient's line while it waits, and holds back the jobs queued after it.
@@ -16,3 +16,9 @@ create index jobs_recipient_line on jobs (recipient, (coalesce(queued_at, run_at
 -- in run_at order any more, and every claim and completion (non-HOT updates)
 -- would keep writing both.
 drop index jobs_recipient_head;
+
+-- The alert outbox: whose claim a row is. Every claim writes a new token; renewing,
+-- marking and releasing match it, so a sender whose lease ran out (a slow Telegram)
+-- and whose rows another sender claimed neither renews, marks nor frees them
+-- (autom/alerts.py). NULL: never claimed.
+alter table alerts add column claimant text;

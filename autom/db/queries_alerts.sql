@@ -5,6 +5,9 @@
 -- this process's workers recorded (%(mine)s, job ids) at once, any other one once it is
 -- %(grace)s seconds old (its process died or its bell was lost). The lease is the
 -- claim: SKIP LOCKED plus the guarded update give each row to one sender of all replicas.
+-- %(claimant)s, a token new for every claim, marks whose claim it is: renew, mark and
+-- release match it, so a sender whose lease ran out and whose rows another sender
+-- took changes nothing of theirs (migrations/0006).
 with due as (
     select id from alerts
      where sent_at is null and next_try_at <= now()
@@ -14,26 +17,33 @@ with due as (
      limit %(limit)s
      for update skip locked
 )
-update alerts a set claimed_until = now() + make_interval(secs => %(lease)s)
+update alerts a set claimed_until = now() + make_interval(secs => %(lease)s), claimant = %(claimant)s
   from due where a.id = due.id
-returning a.id, a.job_id, a.kind, a.attempts, a.error, a.tries;
+returning a.id, a.job_id, a.kind, a.attempts, a.error, a.tries, a.claimant;
 
 -- name: alerts_renew
--- Keep holding alerts the throttle holds for the next summary.
-update alerts set claimed_until = now() + make_interval(secs => %(lease)s)
- where id = any(%(ids)s::bigint[]) and sent_at is null;
+-- Keep holding these claims (before each send, and the ones the throttle holds for the
+-- next summary); returns the ids still held. A row another sender claimed since is not
+-- returned: this sender must not send it.
+update alerts a set claimed_until = now() + make_interval(secs => %(lease)s)
+  from unnest(%(ids)s::bigint[], %(claimants)s::text[]) as t (id, claimant)
+ where a.id = t.id and a.claimant = t.claimant and a.sent_at is null
+returning a.id;
 
 -- name: alerts_mark_sent
--- Telegram accepted them (alone, or in one summary).
-update alerts set sent_at = now(), sent_as = %(sent_as)s, claimed_until = null
- where id = any(%(ids)s::bigint[]) and sent_at is null;
+-- Telegram accepted them (alone, or in one summary); only this sender's claims.
+update alerts a set sent_at = now(), sent_as = %(sent_as)s, claimed_until = null
+  from unnest(%(ids)s::bigint[], %(claimants)s::text[]) as t (id, claimant)
+ where a.id = t.id and a.claimant = t.claimant and a.sent_at is null;
 
 -- name: alerts_release
--- Not delivered: free them for the next try after %(delay)s seconds; %(failed)s (0 or 1)
--- counts a failed delivery (rows that were only waiting behind it are not counted).
-update alerts set claimed_until = null, tries = tries + %(failed)s::int,
-                  next_try_at = now() + make_interval(secs => %(delay)s)
- where id = any(%(ids)s::bigint[]) and sent_at is null;
+-- Not delivered: free this sender's claims for the next try after %(delay)s seconds;
+-- %(failed)s (0 or 1) counts a failed delivery (rows that were only waiting behind it
+-- are not counted).
+update alerts a set claimed_until = null, tries = a.tries + %(failed)s::int,
+                    next_try_at = now() + make_interval(secs => %(delay)s)
+  from unnest(%(ids)s::bigint[], %(claimants)s::text[]) as t (id, claimant)
+ where a.id = t.id and a.claimant = t.claimant and a.sent_at is null;
 
 -- name: alerts_unsent_count
 select count(*) from alerts where sent_at is null;
