@@ -6,6 +6,7 @@ code above the boundary only ever sees these::
     AutomError
     ├── ConfigError              a setting is missing or malformed (exit 1, one line)
     │   └── AddressInUse         HOST:PORT is taken by another process
+    ├── MigrationChanged         an applied migration's file was edited since (run/migrate stop)
     ├── DatabaseUnavailable      PostgreSQL cannot be reached / the connection broke
     ├── QueryError               PostgreSQL refused or aborted a statement (sqlstate, transient)
     ├── NotFound                 an operator asked for a job or event that does not exist
@@ -41,6 +42,13 @@ class ConfigError(AutomError):
 
 class AddressInUse(ConfigError):
     """The HTTP server could not listen: another process holds HOST:PORT (raised by ``autom.web.serve``)."""
+
+
+class MigrationChanged(AutomError):
+    """A migration file no longer matches what was applied to the database (its checksum).
+
+    The message names the file; ``autom run`` and ``autom migrate`` stop with it.
+    """
 
 
 class DatabaseUnavailable(AutomError):

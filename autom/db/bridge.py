@@ -618,8 +618,10 @@ async def open_database(
     ``pool_timeout`` bounds how long a call waits for a connection (for
     example while the server is down). ``name`` is the ``application_name``.
     """
+    # ours first, the user's own options (DATABASE_URL's options=...) after: PostgreSQL
+    # applies them in order, so a statement_timeout the user set wins over this default
     options = conninfo_to_dict(dsn).get("options") or ""
-    options = f"{options} -c statement_timeout={max(1, round(statement_timeout * 1000))}".strip()
+    options = f"-c statement_timeout={max(1, round(statement_timeout * 1000))} {options}".strip()
     connect_kwargs: dict[str, Any] = {
         "options": options,
         "application_name": name,

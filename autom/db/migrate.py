@@ -8,20 +8,32 @@ Numbers need not be contiguous: "pending" is every shipped number not recorded i
 ``schema_migrations``, so a gap (0004 shipped before 0003) is fine, and a number
 that ships later than a higher one is applied when it arrives. Migrations that may
 land in either order must not depend on each other.
+
+Migrations run without the connection's statement timeout (``set local
+statement_timeout = 0``): an index build on a large table may take longer than
+the 30 s backstop, and a runner that waits for another runner's lock must wait
+as long as that one takes. It says so in one log line.
+
+Each applied migration's SHA-256 is recorded. A shipped file whose text no
+longer matches what was applied stops the runner (``MigrationChanged``, one line
+naming the file): migrations are never edited once applied; a change is a new
+number. Rows applied before checksums were recorded take the shipped file's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from autom.db.queries import Q
+from autom.errors import MigrationChanged
 
 if TYPE_CHECKING:
     from autom.db.bridge import Database
@@ -39,6 +51,16 @@ class Migration:
     name: str
     sql: str = field(repr=False)
 
+    @property
+    def label(self) -> str:
+        """``0004_alert_outbox``: the file name without ``.sql``."""
+        return f"{self.version:04d}_{self.name}"
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 (hex) of the file's text, recorded when it is applied."""
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
 
 def available_migrations() -> list[Migration]:
     """Every migration shipped with this version of autom, in order."""
@@ -54,28 +76,53 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def apply_pending(conn: psycopg.Connection, migrations: Sequence[Migration] | None = None) -> list[Migration]:
+def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration] | None = None) -> list[Migration]:
     """Apply what is not applied yet, on ``conn`` inside its current transaction.
 
     ``migrations`` defaults to ``available_migrations()``. Returns the migrations
-    applied now (empty when the database was up to date).
+    applied now (empty when the database was up to date). Raises
+    ``MigrationChanged`` when an applied migration's file was edited since.
     """
-    conn.execute(Q.migrations_lock)
+    # for this transaction only: the migrations and the wait for another runner's lock
+    conn.execute("set local statement_timeout = 0")
+    conn.execute("set local lock_timeout = 0")
+    if not _row_value(conn.execute(Q.migrations_try_lock).fetchone()):
+        log.info("waiting for another process that is applying migrations (advisory lock)")
+        conn.execute(Q.migrations_lock)
     conn.execute(Q.migrations_table)
-    applied = {row[0] if isinstance(row, tuple) else row["version"]
-               for row in conn.execute(Q.migrations_applied).fetchall()}
+    applied = {_row(row)[0]: _row(row)[1] for row in conn.execute(Q.migrations_applied).fetchall()}
+    shipped = available_migrations() if migrations is None else sorted(migrations, key=lambda m: m.version)
+    for mig in shipped:
+        if mig.version not in applied:
+            continue
+        recorded = applied[mig.version]
+        if recorded is None:  # applied before checksums were kept: trust the file from now on
+            conn.execute(Q.migrations_checksum, {"version": mig.version, "checksum": mig.checksum})
+        elif recorded != mig.checksum:
+            raise MigrationChanged(f"migration {mig.label} was changed after it was applied to this database; "
+                                   "restore the applied text and put the change in a new migration")
     done = []
-    for mig in available_migrations() if migrations is None else sorted(migrations, key=lambda m: m.version):
+    for mig in shipped:
         if mig.version in applied:
             continue
-        log.info("applying migration %04d_%s", mig.version, mig.name)
+        log.info("applying migration %s", mig.label)
         conn.execute(mig.sql.encode())  # bytes: a plain script, no placeholder parsing
-        conn.execute(Q.migrations_record, {"version": mig.version, "name": mig.name})
+        conn.execute(Q.migrations_record, {"version": mig.version, "name": mig.name, "checksum": mig.checksum})
         done.append(mig)
     return done
 
 
-def apply_migrations_sync(conn: psycopg.Connection) -> list[Migration]:
+def _row(row: Any) -> tuple[Any, Any]:
+    return (row[0], row[1]) if isinstance(row, tuple) else (row["version"], row["checksum"])
+
+
+def _row_value(row: Any) -> Any:
+    if row is None:
+        return None
+    return row[0] if isinstance(row, tuple) else next(iter(row.values()))
+
+
+def apply_migrations_sync(conn: psycopg.Connection[Any]) -> list[Migration]:
     """Apply pending migrations with a plain (sync) connection, in one transaction."""
     with conn.transaction():
         return apply_pending(conn)

@@ -2,22 +2,32 @@
 -- Parameters are psycopg's named placeholders: %(name)s.
 -- State changes are single statements guarded by state and lease generation.
 
+-- name: migrations_try_lock
+-- Serialises migration runners across replicas until the transaction ends; false when
+-- another runner holds it (then the runner says so and waits: migrations_lock).
+select pg_try_advisory_xact_lock(hashtext('autom.migrations'));
+
 -- name: migrations_lock
--- Serialises migration runners across replicas until the transaction ends.
 select pg_advisory_xact_lock(hashtext('autom.migrations'));
 
 -- name: migrations_table
+-- checksum: SHA-256 of the applied file (autom/db/migrate.py); added to tables made
+-- before it was kept, under the lock above.
 create table if not exists schema_migrations (
     version    integer primary key,
     name       text not null,
     applied_at timestamptz not null default now()
 );
+alter table schema_migrations add column if not exists checksum text;
 
 -- name: migrations_applied
-select version, name from schema_migrations order by version;
+select version, checksum from schema_migrations order by version;
 
 -- name: migrations_record
-insert into schema_migrations (version, name) values (%(version)s, %(name)s);
+insert into schema_migrations (version, name, checksum) values (%(version)s, %(name)s, %(checksum)s);
+
+-- name: migrations_checksum
+update schema_migrations set checksum = %(checksum)s where version = %(version)s and checksum is null;
 
 -- name: enqueue_many
 -- Insert jobs (a JSON array, see autom_enqueue in migrations/0002); a key that

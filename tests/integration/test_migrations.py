@@ -70,3 +70,73 @@ def test_a_gap_in_the_numbers_is_fine_and_a_late_number_is_applied_when_it_ships
             assert apply_pending(conn, [*without_3, late]) == []
         assert conn.execute("select count(*) from late_arrival").fetchone() == (0,)
     assert applied_versions(empty_dsn) == sorted({*versions, 3})
+
+
+async def test_the_users_statement_timeout_in_database_url_wins_over_the_default(dsn):
+    """open_database sets statement_timeout=30 s as a backstop; options a user put in
+    DATABASE_URL come after it, so they win."""
+    with_options = psycopg.conninfo.make_conninfo(dsn, options="-c statement_timeout=123")
+    async with open_database(with_options, min_size=1, max_size=1) as db:
+        assert await db.fetch_val("show statement_timeout") == "123ms"
+    async with open_database(dsn, min_size=1, max_size=1) as db:
+        assert await db.fetch_val("show statement_timeout") == "30s"
+
+
+async def test_migrations_run_without_the_statement_timeout_and_a_second_runner_waits_saying_so(
+    empty_dsn, caplog,
+):
+    """A migration may take longer than the bridge's statement_timeout (an index build
+    on a big table); a runner that finds another one migrating waits for it, in one log
+    line, instead of failing when its statement times out."""
+    import logging
+
+    slow = Migration(9001, "slow", "select pg_sleep(1.5);")
+    done: list[object] = []
+    locked, release = trio.Event(), trio.Event()
+    async with open_database(empty_dsn, min_size=1, max_size=2, statement_timeout=1.0) as db:
+        await apply_migrations(db)
+
+        async def other_runner() -> None:
+            async with db.transaction() as tx:
+                await tx.fetch_val("select pg_advisory_xact_lock(hashtext('autom.migrations'))")
+                locked.set()
+                await release.wait()
+
+        async def second() -> None:
+            done.append(await db.run(apply_pending, [slow]))
+
+        caplog.set_level(logging.INFO, logger="autom.migrate")
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_runner)
+                await locked.wait()
+                nursery.start_soon(second)
+                while not any("waiting" in r.getMessage() for r in caplog.records):
+                    await trio.sleep(0.05)
+                await trio.sleep(1.2)  # the lock is held past the 1 s statement timeout ...
+                assert done == []  # ... and the second runner still waits, it did not fail
+                release.set()
+    # the other runner's transaction ended: the second went on, and its 1.5 s statement ran
+    assert [m.version for m in done[0]] == [9001]  # type: ignore[attr-defined]
+    waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert len(waits) == 1, waits
+
+
+def test_a_changed_applied_migration_stops_the_runner_naming_it(empty_dsn):
+    from autom.errors import MigrationChanged
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        apply_migrations_sync(conn)
+        shipped = available_migrations()
+        edited = [m if m.version != 4 else Migration(4, m.name, m.sql + "\n-- edited\n") for m in shipped]
+        try:
+            with conn.transaction():
+                apply_pending(conn, edited)
+        except MigrationChanged as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("an edited migration that was applied must stop the runner")
+    assert "0004_alert_outbox" in message and "\n" not in message
+    # the shipped files themselves match what was applied
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert apply_migrations_sync(conn) == []
