@@ -18,6 +18,9 @@ from dotenv import dotenv_values
 
 from autom.errors import ConfigError
 
+#: Telegram's rule for a webhook's secret_token (setWebhook refuses anything else)
+TELEGRAM_SECRET_RULE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+
 #: Settings that ``autom run`` cannot start without, in the order they are reported.
 REQUIRED_FOR_RUN = (
     "DATABASE_URL",
@@ -74,8 +77,9 @@ class Settings:
         """Build settings from ``environ`` (default ``os.environ``) over an optional ``.env`` file.
 
         The environment wins over the file. ``require`` names settings that must be set
-        (non-empty); the first missing one raises ``ConfigError`` naming it. ``defaults``
-        overrides the contract defaults (``autom dev`` uses it for LOG_FORMAT=text).
+        (non-empty). Every missing or malformed setting is reported in one ``ConfigError``,
+        one line each naming the setting. ``defaults`` overrides the contract defaults
+        (``autom dev`` uses it for LOG_FORMAT=text).
         """
         values: dict[str, str] = {}
         if env_file is not None and Path(env_file).is_file():
@@ -83,20 +87,28 @@ class Settings:
         values.update(os.environ if environ is None else environ)
 
         kwargs: dict[str, Any] = dict(defaults or {})
+        problems: list[str] = []
         for f in dataclasses.fields(cls):
             name = f.name.upper()
             raw = values.get(name)
             if raw is None or raw.strip() == "":
                 continue
-            kwargs[f.name] = _parse(name, raw.strip(), f.type)
-        for name in require:
-            if kwargs.get(name.lower()) in (None, ""):
-                raise ConfigError(f"missing required setting {name}")
-        settings = cls(**kwargs)
-        settings._validate()
+            try:
+                kwargs[f.name] = _parse(name, raw.strip(), f.type)
+            except ConfigError as exc:
+                problems.append(str(exc))
+        problems += [f"missing required setting {name}" for name in require
+                     if kwargs.get(name.lower()) in (None, "")]
+        settings = cls(**kwargs)  # a setting that did not parse keeps its default here
+        problems += settings.problems()
+        if problems:
+            # every problem at once, one line each (CONTRACT.md): not one per restart
+            raise ConfigError("\n".join(problems))
         return settings
 
-    def _validate(self) -> None:
+    def problems(self) -> list[str]:
+        """Every malformed value, one line each naming its setting (empty: all is well)."""
+        problems: list[str] = []
         positive = {
             "WORKERS": self.workers, "JOB_LEASE_SECONDS": self.job_lease_seconds,
             "RETRY_BASE_SECONDS": self.retry_base_seconds, "RETRY_MAX_SECONDS": self.retry_max_seconds,
@@ -104,31 +116,32 @@ class Settings:
             "QUEUE_LAG_ALERT_SECONDS": self.queue_lag_alert_seconds,
             "CONSOLE_SESSION_HOURS": self.console_session_hours,
         }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ConfigError(f"{name} must be greater than 0")
-        for name, value in {
+        problems += [f"{name} must be greater than 0" for name, value in positive.items() if value <= 0]
+        problems += [f"{name} must not be negative" for name, value in {
             "SHUTDOWN_GRACE_SECONDS": self.shutdown_grace_seconds,
             "RETAIN_DONE_DAYS": self.retain_done_days,
             "RETAIN_EVENTS_DAYS": self.retain_events_days,
-        }.items():
-            if value < 0:
-                raise ConfigError(f"{name} must not be negative")
+        }.items() if value < 0]
         if not 0 <= self.port <= 65535:  # 0 = any free port (tests)
-            raise ConfigError("PORT must be between 0 and 65535")
+            problems.append("PORT must be between 0 and 65535")
         if self.log_format not in ("json", "text"):
-            raise ConfigError("LOG_FORMAT must be json or text")
+            problems.append("LOG_FORMAT must be json or text")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
-            raise ConfigError("LOG_LEVEL must be one of debug, info, warning, error, critical")
+            problems.append("LOG_LEVEL must be one of debug, info, warning, error, critical")
         if not re.match(r"^https?://", self.telegram_api):
-            raise ConfigError("TELEGRAM_API must be an http(s) URL")
+            problems.append("TELEGRAM_API must be an http(s) URL")
+        if self.telegram_webhook_secret is not None and not TELEGRAM_SECRET_RULE.match(self.telegram_webhook_secret):
+            # Telegram refuses any other secret_token at setWebhook; better now than at deploy time
+            problems.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - "
+                            "(Telegram's rule); generate one with: openssl rand -hex 32")
         if self.tz is not None:
             from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
             try:
                 ZoneInfo(self.tz)
-            except (ZoneInfoNotFoundError, ValueError) as exc:
-                raise ConfigError(f"TZ is not a known time zone: {self.tz!r}") from exc
+            except (ZoneInfoNotFoundError, ValueError):
+                problems.append(f"TZ is not a known time zone: {self.tz!r}")
+        return problems
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (tests, ``autom dev``)."""

@@ -232,7 +232,8 @@ def _running(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt for the block (trio handles it once the service runs)."""
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt for the block (trio handles them once the
+    service runs)."""
     if threading.current_thread() is not threading.main_thread():  # only it may set handlers
         yield
         return
@@ -240,11 +241,12 @@ def _sigterm_interrupts() -> Iterator[None]:
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # -- the banner -------------------------------------------------------------------------

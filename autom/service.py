@@ -4,7 +4,7 @@
 
     trio.run(main)
     └── outer nursery
-        ├── signal watcher        SIGTERM/SIGINT: 1st = drain, 2nd = cancel now
+        ├── signal watcher        SIGTERM/SIGINT/SIGHUP: 1st = drain, 2nd = cancel now
         └── run_service
             ├── database pool     opened (and migrated) before anything serves
             ├── background        LISTEN autom_jobs → doorbell; alert sender (outbox); watchdog
@@ -151,7 +151,8 @@ async def run_service(
 
 
 async def _watch_signals(control: Control, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGHUP too: a closed terminal (autom dev, a foreground autom run) drains like SIGTERM
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
             if not control.shutdown.value:

@@ -14,10 +14,17 @@ def test_migrate_on_a_fresh_database_twice(empty_dsn, tmp_path):
     assert second.stdout.strip() == "database is up to date"
 
 
-def test_run_without_a_required_setting_is_one_line_exit_1(tmp_path):
-    result = run_autom("run", env=clean_env(DATABASE_URL="postgresql://nowhere/x"), cwd=tmp_path)
+def test_run_without_required_settings_names_each_on_a_line_exit_1(tmp_path):
+    result = run_autom("run", env=clean_env(DATABASE_URL="postgresql://nowhere/x", PORT="x"), cwd=tmp_path)
     assert result.returncode == 1
-    assert result.stderr.strip() == "autom: missing required setting TELEGRAM_BOT_TOKEN"
+    assert result.stderr.strip().splitlines() == [
+        "autom: PORT must be a whole number, got 'x'",
+        "autom: missing required setting TELEGRAM_BOT_TOKEN",
+        "autom: missing required setting TELEGRAM_ALERT_CHAT_ID",
+        "autom: missing required setting TELEGRAM_WEBHOOK_SECRET",
+        "autom: missing required setting SITE_WEBHOOK_SECRET",
+        "autom: missing required setting ADMIN_TOKEN",
+    ]
     assert "Traceback" not in result.stderr
 
 

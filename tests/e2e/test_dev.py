@@ -402,3 +402,20 @@ async def test_the_dockerfile_command_runs_here_with_compose_settings(tmp_path, 
                 await process.wait()
         if not stopped:
             print(f"----- autom run log -----\n{log.read_text()[-20000:]}")
+
+
+async def test_a_closed_terminal_sighup_drains_like_sigterm_and_stops_the_embedded_postgresql(tmp_path):
+    """SIGHUP (the terminal autom dev ran in was closed) drains like SIGTERM: exit 0, and
+    the embedded PostgreSQL it started is stopped, not left running."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    env = clean_env(PORT=str(free_port()))
+    async with autom_dev(folder, tmp_path / "logs", env) as proc:
+        await wait_healthy(banner_url(await proc.wait_banner()))
+        proc.process.send_signal(signal.SIGHUP)
+        with trio.fail_after(60):
+            code = await proc.process.wait()
+        assert code == 0, proc.log()
+        assert "got SIGHUP" in proc.log()
+        assert "embedded PostgreSQL stopped" in proc.log()
+        assert not (folder / ".autom" / "pgdata" / "postmaster.pid").exists()

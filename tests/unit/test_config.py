@@ -75,3 +75,30 @@ def test_setting_names_cover_the_contract():
     assert set(REQUIRED_FOR_RUN) <= names
     assert {"GITHUB_WEBHOOK_SECRET", "STRIPE_WEBHOOK_SECRET", "STANDARD_WEBHOOK_SECRET", "TZ",
             "RETAIN_EVENTS_DAYS", "QUEUE_LAG_ALERT_SECONDS"} <= names
+
+
+def test_every_missing_and_malformed_setting_is_reported_at_once_one_line_each():
+    env = {"DATABASE_URL": "postgresql://x/y", "PORT": "eighty", "WORKERS": "0", "LOG_FORMAT": "xml",
+           "TELEGRAM_WEBHOOK_SECRET": "has spaces!"}
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env, env_file=None, require=REQUIRED_FOR_RUN)
+    lines = str(caught.value).splitlines()
+    assert lines == [
+        "PORT must be a whole number, got 'eighty'",
+        "missing required setting TELEGRAM_BOT_TOKEN",
+        "missing required setting TELEGRAM_ALERT_CHAT_ID",
+        "missing required setting SITE_WEBHOOK_SECRET",
+        "missing required setting ADMIN_TOKEN",
+        "WORKERS must be greater than 0",
+        "LOG_FORMAT must be json or text",
+        "TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - (Telegram's rule); "
+        "generate one with: openssl rand -hex 32",
+    ]
+    assert "has spaces" not in str(caught.value)  # a secret's value is never echoed
+
+
+@pytest.mark.parametrize("secret", ["has spaces", "ümlaut", "a" * 257, "semi;colon"])
+def test_a_telegram_secret_telegram_would_refuse_is_refused_at_start(secret):
+    with pytest.raises(ConfigError, match="TELEGRAM_WEBHOOK_SECRET must be 1-256 characters"):
+        Settings.from_env({**FULL, "TELEGRAM_WEBHOOK_SECRET": secret}, env_file=None, require=REQUIRED_FOR_RUN)
+    assert Settings.from_env({**FULL, "TELEGRAM_WEBHOOK_SECRET": "A-z_09" * 40}, env_file=None)
