@@ -71,3 +71,17 @@ def test_run_on_a_port_in_use_is_one_line_exit_1(empty_dsn, tmp_path):
     last = result.stderr.strip().splitlines()[-1]
     assert last == f"autom: 127.0.0.1:{port} is already in use: set PORT to a free port"
     assert "Traceback" not in result.stderr
+
+
+def test_a_database_error_is_one_line_for_every_command(empty_dsn, tmp_path):
+    """The database refuses the statements (a read-only session, set from DATABASE_URL's
+    options, which win over autom's): one line, exit 1, no traceback."""
+    import psycopg
+
+    read_only = psycopg.conninfo.make_conninfo(empty_dsn, options="-c default_transaction_read_only=on")
+    for command in (["migrate"], ["failed"], ["retry", "1"]):
+        result = run_autom(*command, env=clean_env(DATABASE_URL=read_only), cwd=tmp_path)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("autom: "), (command, result.stderr)
