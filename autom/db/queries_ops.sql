@@ -201,11 +201,16 @@ delete from events where id in (
 -- Lock rows of recipients with nothing queued (re-created by the next enqueue).
 -- next_due_at is NULL only once a claim retired the row for having no job left,
 -- and an enqueue sets it again under the row lock, so this cannot race one.
+-- Rows are locked in recipient order and the ones another transaction holds are
+-- skipped (the next prune takes them): a delete that waited for them, taking rows
+-- in any order, deadlocked with enqueues of several recipients (seen under stress).
 delete from recipients r
 where r.recipient in (
     select recipient from recipients
     where next_due_at is null and (busy_until is null or busy_until < now())
+    order by recipient
     limit %(batch)s
+    for update skip locked
 )
 and r.next_due_at is null
 and not exists (select 1 from jobs j where j.recipient = r.recipient and j.due_at is not null);

@@ -12,6 +12,7 @@ user expects. They stay replayable should a handler for them be added.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Any
 
@@ -42,17 +43,22 @@ class TelegramSource:
 
     def __init__(self, secret: str) -> None:
         """``secret`` is TELEGRAM_WEBHOOK_SECRET, the ``secret_token`` given to ``setWebhook``."""
-        self._secret = secret.encode("utf-8")
+        # Digests, as for the admin token: compare_digest is constant-time only for inputs
+        # of equal length, so comparing the raw secret would let timing reveal its length.
+        self._digest = hashlib.sha256(secret.encode("utf-8")).digest()
+
+    def _matches(self, token: str) -> bool:
+        return hmac.compare_digest(hashlib.sha256(token.encode("ascii")).digest(), self._digest)
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
-        """Accept iff the secret-token header equals the secret (constant-time, as bytes)."""
+        """Accept iff the secret-token header equals the secret (constant-time, through SHA-256 digests)."""
         value = required_header(headers, SECRET_HEADER)  # non-ASCII is rejected here, before encode
-        ok = hmac.compare_digest(value.encode("ascii"), self._secret)
+        ok = self._matches(value)
         # A repeated header arrives as "tok, tok"; Telegram tokens are [A-Za-z0-9_-], so a
         # comma can only come from joining. Equal copies count as one.
         token = single_token(headers, SECRET_HEADER, max_chars=len(value))
         if token is not None and token != value:
-            ok |= hmac.compare_digest(token.encode("ascii"), self._secret)
+            ok |= self._matches(token)
         if not ok:
             raise VerificationError("telegram secret token does not match")
 

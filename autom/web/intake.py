@@ -8,7 +8,8 @@ The checks run in CONTRACT.md's order, and nothing is written unless all pass:
 3. 401 the source's verification fails;
 4. 400 the verified body is not UTF-8 text, or holds a NUL character
    (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
-5. 503 the database is unavailable;
+5. 503 the database is unavailable, or refused to store it (a statement or lock
+   timeout: any database error; nothing was written);
 6. 202 ``{"id": N, "jobs": K}``, or 202 ``{"duplicate": true}`` for a redelivery.
 
 The body is parsed into jobs *before* the database hop; storing it (the event,
@@ -35,7 +36,7 @@ from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from autom.deps import Deps
-from autom.errors import DatabaseUnavailable, VerificationError
+from autom.errors import DatabaseUnavailable, QueryError, VerificationError
 from autom.events import StoreBatcher, store_params
 from autom.jobs.models import NewJob
 from autom.sources.base import Headers, ParseError, Source
@@ -105,6 +106,10 @@ class Intake:
             event_id, created = await self._batcher.store(params)
         except DatabaseUnavailable as exc:
             self._deps.metrics.db_up.set(0)
+            return self._reject(src.name, 503, "database unavailable", str(exc), level=logging.WARNING)
+        except QueryError as exc:
+            # the database answers but did not store it (a statement or lock timeout, say):
+            # nothing was written, and 503 is the one answer the contract has for it
             return self._reject(src.name, 503, "database unavailable", str(exc), level=logging.WARNING)
         self._deps.metrics.db_up.set(1)
 

@@ -283,3 +283,26 @@ async def test_the_database_going_away_mid_batch_answers_503_for_all_and_stores_
                 await trio.sleep(0.1)
         assert await count_rows(db, "events") == 0
         assert await count_rows(db, "jobs") == 0
+
+
+async def test_a_statement_timeout_answers_503_also_in_the_one_by_one_fallback(dsn: str) -> None:
+    """A database error that is not a lost connection (here the statement timeout, while
+    another transaction holds the events table) is a 503, in the single hop, the batch
+    and the fallback that stores a failed batch's deliveries one by one; never a 500."""
+    headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+
+    def update(n: int) -> bytes:
+        return json.dumps({"update_id": n, "message": {"message_id": n, "chat": {"id": n, "type": "private"},
+                                                     "text": f"#{n}"}}).encode()
+
+    answers: dict[int, tuple[int, Any]] = {}
+    async with open_database(dsn, min_size=2, max_size=6, statement_timeout=0.3) as db, running_app(db) as app:
+        async def send(n: int) -> None:
+            response = await app.client.post("/hooks/telegram", content=update(n), headers=headers)
+            answers[n] = (response.status_code, response.json())
+
+        async with events_locked(dsn), trio.open_nursery() as nursery:
+            for n in range(6):
+                nursery.start_soon(send, n)
+        assert answers == {n: (503, {"error": "database unavailable"}) for n in range(6)}, answers
+        assert await count_rows(db, "events") == 0

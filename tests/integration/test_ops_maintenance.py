@@ -130,3 +130,27 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     alerts = {r["id"] for r in await db.fetch_all("select id from alerts where job_id = 0")}
     assert alerts == {new_sent_alert, unsent_alert} and old_sent_alert not in alerts
     await trio.lowlevel.checkpoint()
+
+
+async def test_pruning_recipients_skips_rows_others_hold_instead_of_waiting_for_them(db):
+    """prune_recipients deadlocked with multi-recipient enqueues under stress (issue 11):
+    it now takes its rows in a fixed order and skips the ones another transaction holds."""
+    from autom.db.queries import Q
+
+    await db.execute("insert into recipients (recipient) select 'idle-' || g from generate_series(1, 5) g")
+    held, done = trio.Event(), trio.Event()
+
+    async def holder() -> None:
+        async with db.transaction() as tx:  # an enqueue for idle-3 in flight
+            await tx.execute("select 1 from recipients where recipient = 'idle-3' for update")
+            held.set()
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder)
+        await held.wait()
+        with trio.fail_after(5):
+            deleted = await db.execute(Q.prune_recipients, {"batch": 100})
+        done.set()
+    assert deleted == 4
+    assert [r["recipient"] for r in await db.fetch_all("select recipient from recipients")] == ["idle-3"]

@@ -770,3 +770,22 @@ def test_replay_sources_verify_nothing_and_differ_each_time():
         replay_sources()["telegram"].verify({"x-telegram-bot-api-secret-token": ""}, b"{}", NOW)
     first, second = replay_sources()["site"], replay_sources()["site"]
     assert first._secret != second._secret  # type: ignore[attr-defined]
+
+
+def test_the_telegram_secret_is_compared_through_digests_of_one_length(monkeypatch):
+    """Timing must not reveal the secret's length: whatever the header's length, the
+    constant-time comparison sees two SHA-256 digests (as for the admin token)."""
+    seen: list[tuple[int, int]] = []
+    real = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        seen.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    source = TelegramSource("the-right-secret_1")
+    source.verify({"x-telegram-bot-api-secret-token": "the-right-secret_1"}, b"{}", 0.0)
+    for wrong in ("x", "the-right-secret_2", "a" * 200):
+        with pytest.raises(VerificationError):
+            source.verify({"x-telegram-bot-api-secret-token": wrong}, b"{}", 0.0)
+    assert seen and set(seen) == {(32, 32)}
