@@ -37,7 +37,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
-from autom.events import StoreBatcher, store_params
+from autom.events import StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources.base import Headers, ParseError, Source
 from autom.web.responses import error_response, json_response
@@ -101,7 +101,7 @@ class Intake:
 
         dedup_key, jobs, parse_error = await self._parse(src, headers, body, text)
         stored = {k: v for k, v in headers.items() if k not in src.secret_headers and k not in ALWAYS_SECRET_HEADERS}
-        params = store_params(src.name, stored, text, dedup_key, jobs)
+        params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
         try:
             event_id, created = await self._batcher.store(params)
         except DatabaseUnavailable as exc:

@@ -134,6 +134,7 @@ async def test_one_delivery_postgres_refuses_fails_alone(db: Any, dsn: str) -> N
     batcher = StoreBatcher(db)
     bad = params(2)
     bad["headers"] = '{"x": "\\u0000"}'  # jsonb refuses a NUL character
+    del bad["item"]  # encoded by store_params before the change: the batch encodes it again
     _, results = await store_all(batcher, dsn, params(0), [params(1), bad, params(3)])
     assert isinstance(results[1], QueryError) and isinstance(results[1].__cause__, psycopg.Error)
     assert results[0][0] is not None and results[2][0] is not None
@@ -306,3 +307,18 @@ async def test_a_statement_timeout_answers_503_also_in_the_one_by_one_fallback(d
                 nursery.start_soon(send, n)
         assert answers == {n: (503, {"error": "database unavailable"}) for n in range(6)}, answers
         assert await count_rows(db, "events") == 0
+
+
+async def test_a_batch_is_bounded_by_bytes_not_only_by_count(db: Any, dsn: str) -> None:
+    """Ten queued deliveries of ~300 kB with a 1 MiB bound go in hops of three, not in one
+    parameter of 3 MB (64 bodies of 1 MiB made one of 105 MB)."""
+    batcher = StoreBatcher(db, max_bytes=1024 * 1024)
+    big = "x" * 300_000
+
+    def large(n: int) -> dict[str, Any]:
+        return store_params("site", HEADERS, json.dumps({"n": n, "pad": big}), f"k{n}", [])
+
+    first, rest = await store_all(batcher, dsn, large(0), [large(n) for n in range(1, 11)])
+    assert first[0] is not None and all(r[0] is not None for r in rest), (first, rest)
+    assert batcher.hops_run == 1 + 4  # the held one, then 3 + 3 + 3 + 1
+    assert await count_rows(db, "events") == 11
