@@ -52,7 +52,15 @@ class MigrationChanged(AutomError):
 
 
 class DatabaseUnavailable(AutomError):
-    """PostgreSQL could not be reached, or the connection broke mid-statement."""
+    """PostgreSQL could not be reached, or the connection broke mid-statement.
+
+    ``maybe_applied``: the statement had been sent when the connection broke, so the
+    server may have run (and committed) it; False when no connection was had at all.
+    """
+
+    def __init__(self, message: str = "", *, maybe_applied: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_applied = maybe_applied
 
 
 class QueryError(AutomError):

@@ -16,7 +16,10 @@ would be in separate transactions. If the batch fails because the database is
 unreachable, nothing of it is stored and every delivery of it gets a 503; if it
 fails for any other reason (a deadlock, say, or one delivery PostgreSQL
 refuses), each delivery is stored on its own, as without batching, and gets its
-own answer.
+own answer. A hop whose connection drops after the statement was sent may have
+committed all the same: its commit record (a token written with it) tells, so
+stored deliveries get their 202, not a 503 that would make a sender without an
+event id deliver again (``StoreBatcher._committed``).
 
 Replaying (``replay_event``): a stored event is parsed again with its source and
 its jobs are created; keyed jobs that exist already are skipped.
@@ -31,6 +34,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +59,8 @@ MAX_BATCH = 64
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 #: Bodies longer than this (characters) are encoded in a worker thread (``encode_delivery``).
 ENCODE_IN_THREAD_CHARS = 64 * 1024
+#: How long a hop whose connection dropped tries to find out whether it committed.
+SETTLE_SECONDS = 3.0
 #: Longest a batch's hop may take; it runs shielded from the cancellation of the request
 #: that leads it (that sender gave up, the others did not). Beyond it: 503 for the batch.
 BATCH_HOP_SECONDS = 10.0
@@ -123,7 +129,7 @@ class StoreBatcher:
         if delivery.lead:
             await self._lead()
         if delivery.alone:
-            return _outcome(await self._db.fetch_one(Q.intake_store, params, prepare=True))
+            return await self._store_one(params)
         if delivery.error is not None:
             raise delivery.error
         assert delivery.outcome is not None
@@ -160,17 +166,21 @@ class StoreBatcher:
         if len(batch) == 1:
             (delivery,) = batch
             try:
-                delivery.outcome = _outcome(await self._db.fetch_one(Q.intake_store, delivery.params, prepare=True))
+                delivery.outcome = await self._store_one(delivery.params)
             except Exception as exc:
                 delivery.error = exc
             return
+        token = uuid.uuid4().hex
         try:
-            rows = await self._db.fetch_all(
-                Q.intake_store_many, {"items": batch_items(d.params for d in batch)}, prepare=True)
+            rows = await self._db.fetch_all(Q.intake_store_many, {
+                "items": batch_items(d.params for d in batch), "token": token}, prepare=True)
         except DatabaseUnavailable as exc:
-            for delivery in batch:  # nothing of the batch was stored: 503 for each
-                delivery.error = DatabaseUnavailable(str(exc))
-            return
+            stored = await self._committed(token) if exc.maybe_applied else None
+            if stored is None:
+                for delivery in batch:  # nothing of the batch was stored: 503 for each
+                    delivery.error = DatabaseUnavailable(str(exc))
+                return
+            rows = [{"event_id": r[1], "jobs_created": r[2]} for r in stored]
         except Exception as exc:
             # Nothing of the batch was stored (one transaction). Whatever it was (a deadlock,
             # one delivery PostgreSQL refuses), each delivery gets the answer it would get alone.
@@ -182,6 +192,45 @@ class StoreBatcher:
         for delivery, row in zip(batch, rows, strict=True):
             event_id = row["event_id"]
             delivery.outcome = (None, 0) if event_id is None else (int(event_id), int(row["jobs_created"]))
+
+    async def _store_one(self, params: dict[str, Any]) -> tuple[int | None, int]:
+        """One delivery by itself (``intake_store``), settled by its commit record if the
+        connection drops (``_committed``)."""
+        try:
+            return _outcome(await self._db.fetch_one(Q.intake_store, params, prepare=True))
+        except DatabaseUnavailable as exc:
+            stored = await self._committed(params["token"]) if exc.maybe_applied else None
+            if stored is None:
+                raise
+            _pos, event_id, jobs = stored[0]
+            return (None, 0) if event_id is None else (int(event_id), int(jobs))
+
+    async def _committed(self, token: str) -> list[list[Any]] | None:
+        """After a hop's connection dropped: what the hop stored if it committed, else None.
+
+        The statement may have committed before the connection went (then a 503 would
+        make senders without an event id deliver again: a duplicate). Inserting the
+        hop's token decides it (intake_commits, migrations/0006): that insert waits
+        for the hop's transaction if the server still runs it, wins if the hop did not
+        commit (which it then never can), and finds the hop's record if it did. None
+        also when the database cannot be asked within ``SETTLE_SECONDS``: then nobody
+        knows, and the sender's retry is the lesser harm.
+        """
+        with trio.move_on_after(SETTLE_SECONDS):
+            while True:
+                try:
+                    if await self._db.fetch_one(Q.intake_commit_burn, {"token": token}) is not None:
+                        return None
+                    row = await self._db.fetch_one(Q.intake_commit_results, {"token": token})
+                except DatabaseUnavailable:
+                    await trio.sleep(0.2)
+                    continue
+                results = row["results"] if row is not None else None
+                if results is None:
+                    return None
+                log.info("a hop's connection dropped after it committed; answered from its commit record")
+                return list(results)
+        return None
 
     def _hand_over(self) -> None:
         """After a hop: wake the first queued delivery to lead the next one, or go idle."""
@@ -241,6 +290,7 @@ def store_params(
     ``event_id`` is the new event's, set by the statement.
     """
     params = {
+        "token": uuid.uuid4().hex,  # the commit record's key, should the connection drop (_committed)
         "source": source,
         "headers": json.dumps(headers, ensure_ascii=False),
         "body": body,

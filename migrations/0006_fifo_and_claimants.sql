@@ -22,3 +22,36 @@ drop index jobs_recipient_head;
 -- and whose rows another sender claimed neither renews, marks nor frees them
 -- (autom/alerts.py). NULL: never claimed.
 alter table alerts add column claimant text;
+
+-- The intake's commit records (autom/events.py). Every hop of the intake writes one
+-- row with what it stored, in its own transaction. When the connection drops after
+-- the statement was sent, the intake does not know whether it committed; it then
+-- inserts the hop's token itself: that insert waits for the hop's transaction if it
+-- is still open, and fails on the conflict if the hop committed (then its results
+-- are read here) or wins if it did not (then the hop can never commit: its own
+-- insert would conflict). results NULL: burnt by that check, nothing was stored.
+-- Pruned after an hour by maintenance.prune.
+create table intake_commits (
+    token   uuid primary key,
+    results jsonb,                  -- [[pos, event_id or null, jobs created], ...]
+    at      timestamptz not null default now()
+);
+create index intake_commits_at on intake_commits (at);
+
+-- autom_intake_store_many (0005) plus the hop's commit record, in its transaction.
+create function autom_intake_store_batch(items jsonb, token uuid)
+returns table (pos int, event_id bigint, jobs_created bigint)
+language plpgsql volatile
+as $$
+declare
+    stored jsonb;
+begin
+    select coalesce(jsonb_agg(jsonb_build_array(s.pos, s.event_id, s.jobs_created) order by s.pos), '[]')
+      into stored
+      from autom_intake_store_many(items) s;
+    insert into intake_commits (token, results) values (token, stored);
+    return query
+        select (e->>0)::int, (e->>1)::bigint, (e->>2)::bigint
+        from jsonb_array_elements(stored) e order by (e->>0)::int;
+end
+$$;

@@ -175,7 +175,8 @@ def _is_unavailable(exc: BaseException, conn: Conn | None) -> bool:
 def _translate(exc: psycopg.Error, conn: Conn | None) -> AutomError:
     """autom's error for a psycopg error: ``DatabaseUnavailable`` for a lost connection, else ``QueryError``."""
     if _is_unavailable(exc, conn):
-        return DatabaseUnavailable(f"database connection lost: {exc}")
+        # the statement was on its way or running: it may have been applied
+        return DatabaseUnavailable(f"database connection lost: {exc}", maybe_applied=True)
     state = exc.sqlstate
     return QueryError(
         f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}", sqlstate=state, transient=state in TRANSIENT_STATES

@@ -6,18 +6,36 @@
 -- A redelivery (same source and dedup key) inserts nothing and returns no row;
 -- a NULL dedup key never collides. %(jobs)s is what autom.jobs.store.jobs_json
 -- makes; the jobs go in through autom_enqueue (migrations/0002), the queue's one
--- definition of enqueue, with the new event's id.
+-- definition of enqueue, with the new event's id. The hop's commit record
+-- (%(token)s, intake_commits, migrations/0006) commits with it.
 with ev as (
     insert into events (source, headers, body, dedup_key)
     values (%(source)s, %(headers)s::jsonb, %(body)s, %(dedup_key)s)
     on conflict (source, dedup_key) do nothing
     returning id
+),
+st as (
+    select ev.id, (select count(*) from autom_enqueue(%(jobs)s::jsonb, ev.id)) as jobs from ev
+),
+record as (
+    insert into intake_commits (token, results)
+    select %(token)s::uuid, jsonb_build_array(jsonb_build_array(1, (select id from st), coalesce((select jobs from st), 0)))
 )
-select ev.id, (select count(*) from autom_enqueue(%(jobs)s::jsonb, ev.id)) as jobs from ev;
+select st.id, st.jobs from st;
 
 -- name: intake_store_many
 -- Store several verified deliveries, one after the other, in ONE statement (one
 -- transaction: all of them or none): the intake's group commit. %(items)s is what
 -- autom.events.batch_items makes; a redelivery, also of an earlier item of the
 -- same batch, gets a null id and no jobs, as intake_store would (migrations/0005).
-select pos, event_id, jobs_created from autom_intake_store_many(%(items)s::jsonb) order by pos;
+-- The hop's commit record (%(token)s) commits with it (migrations/0006).
+select pos, event_id, jobs_created from autom_intake_store_batch(%(items)s::jsonb, %(token)s::uuid) order by pos;
+
+-- name: intake_commit_burn
+-- After a hop's connection dropped: take its token. Returns a row when the hop did not
+-- commit (and now never will); no row when it did (it waited for the hop's transaction).
+insert into intake_commits (token) values (%(token)s::uuid) on conflict (token) do nothing returning token;
+
+-- name: intake_commit_results
+-- What a hop that committed stored (a statement of its own: it must see that commit).
+select results from intake_commits where token = %(token)s::uuid;

@@ -214,3 +214,9 @@ where r.recipient in (
 )
 and r.next_due_at is null
 and not exists (select 1 from jobs j where j.recipient = r.recipient and j.due_at is not null);
+
+-- name: prune_intake_commits
+-- The intake's commit records (migrations/0006) are read only seconds after a hop.
+delete from intake_commits where token in (
+    select token from intake_commits where at < now() - interval '1 hour' limit %(batch)s
+);

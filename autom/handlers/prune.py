@@ -54,5 +54,6 @@ async def handle(ctx: HandlerContext, job: Job) -> None:
     events = await _prune(ctx, Q.prune_events, {"keep_seconds": settings.retain_events_days * 86400})
     recipients = await _prune(ctx, Q.prune_recipients, {})
     alerts = await _prune(ctx, Q.prune_sent_alerts, {"keep_seconds": settings.retain_done_days * 86400})
+    await _prune(ctx, Q.prune_intake_commits, {})
     log.info("pruned %d done jobs, %d events, %d idle recipients, %d sent alerts", jobs, events, recipients, alerts,
              extra={"job_id": job.id, "kind": job.kind})

@@ -13,7 +13,7 @@ mid-batch: 503 for all of it and nothing stored.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -47,6 +47,17 @@ async def events_locked(dsn: str) -> AsyncIterator[None]:
         yield
     finally:
         await trio.to_thread.run_sync(conn.close)  # the lock goes with the transaction
+
+
+def storer(batcher: StoreBatcher, results: dict[int, Any]) -> Callable[[int], Awaitable[None]]:
+    """``one(n)``: store delivery ``n`` through ``batcher``; its outcome (or DatabaseUnavailable) in ``results[n]``."""
+    async def one(n: int) -> None:
+        try:
+            results[n] = await batcher.store(params(n))
+        except DatabaseUnavailable as exc:
+            results[n] = exc
+
+    return one
 
 
 async def wait_queued(batcher: StoreBatcher, n: int) -> None:
@@ -260,12 +271,7 @@ async def test_the_database_going_away_mid_batch_answers_503_for_all_and_stores_
     async with open_database(pg.dsn, min_size=2, max_size=4, pool_timeout=1.0, connect_timeout=2.0) as db:
         batcher = StoreBatcher(db)
         results: dict[int, Any] = {}
-
-        async def one(n: int) -> None:
-            try:
-                results[n] = await batcher.store(params(n))
-            except DatabaseUnavailable as exc:
-                results[n] = exc
+        one = storer(batcher, results)
 
         async with trio.open_nursery() as nursery, events_locked(pg.dsn):
             nursery.start_soon(one, 0)
@@ -322,3 +328,38 @@ async def test_a_batch_is_bounded_by_bytes_not_only_by_count(db: Any, dsn: str) 
     assert first[0] is not None and all(r[0] is not None for r in rest), (first, rest)
     assert batcher.hops_run == 1 + 4  # the held one, then 3 + 3 + 3 + 1
     assert await count_rows(db, "events") == 11
+
+
+@pytest.mark.parametrize("deliveries", [1, 6])
+async def test_a_hop_whose_connection_drops_after_commit_answers_202_for_what_it_stored(
+    dsn: str, deliveries: int,
+) -> None:
+    """The connection drops after the hop's statement committed (a proxy cuts it at the
+    server's ReadyForQuery): the deliveries were stored, so they must get their 202 with
+    their event ids, not a 503 that makes a sender without an event id send again."""
+    from tests.support.pg_proxy import pg_proxy
+
+    async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
+        batcher = StoreBatcher(db)
+        results: dict[int, Any] = {}
+        one = storer(batcher, results)
+
+        # a single hop carries intake_store's text, a batch intake_store_many's
+        proxy.cut_after_commit(b"autom_intake_store" if deliveries > 1 else b"insert into events")
+        if deliveries == 1:
+            await one(0)
+        else:
+            async with trio.open_nursery() as nursery, events_locked(dsn):
+                nursery.start_soon(one, 100)  # held in flight: the others queue behind it
+                while batcher.hops_run < 1:
+                    await trio.sleep(0.005)
+                for n in range(deliveries - 1):
+                    nursery.start_soon(one, n)
+                await wait_queued(batcher, deliveries - 1)
+        assert proxy.cuts == 1
+        assert all(not isinstance(r, Exception) for r in results.values()), results
+        stored = {row["id"]: json.loads(row["body"])["n"] for row in await db.fetch_all(
+            "select id, body from events")}
+        assert {n: r[0] for n, r in results.items()} == {n: i for i, n in stored.items()}
+        assert all(r[1] == 1 for r in results.values())
+        assert await count_rows(db, "jobs") == len(results)
