@@ -26,7 +26,10 @@ What one run does (bench/soak.md has the reasoning behind each choice):
    other replica, half up to 3 s later). A delivery that gets no 202 (a refused
    connection, a 503) is retried every 0.5 s, as Telegram would;
 5. a chaos loop, at seeded random moments, SIGKILLs or SIGTERMs one replica and
-   starts a new incarnation in its place, and once restarts PostgreSQL;
+   starts a new incarnation in its place, once restarts PostgreSQL, and once
+   *stalls* it for longer than the lease (SIGSTOP of the server and all its
+   backends, then SIGCONT: connections stay open, every statement hangs, so the
+   replicas' renewals fail while handlers run past their leases; issue 11);
 6. quiesces: chaos and sender stop, the backlog drains, the alert outbox empties,
    leases and stale handler calls run out, both replicas get SIGTERM;
 7. checks the invariants (below) against the database, the audit, the stub's
@@ -51,7 +54,8 @@ The checks:
   ``jobs.lease`` equals the claims seen, each job finished exactly once;
 * reruns: a job's handler ran more than once only after a retryable answer
   (502, 429, timeout), a SIGTERM that cancelled it, the death of its process, or
-  the database restart; each cause is counted;
+  the database restart or stall (the lease lapsed: the run was stopped at its
+  local deadline); each cause is counted;
 * processes: every SIGTERM ended in exit 0, no process died unasked.
 """
 
@@ -60,6 +64,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import re
 import shutil
@@ -161,6 +166,8 @@ class Profile:
     chaos_every: tuple[float, float]  # seconds between chaos actions (uniform)
     pg_restart_at: float  # fraction of the run
     pg_down_seconds: float
+    pg_stall_at: float  # fraction of the run
+    pg_stall_seconds: float  # longer than the lease
     drain_timeout: float
     progress_every: float
 
@@ -173,6 +180,8 @@ class Profile:
             chaos_every=(4.0, 7.0) if short else (7.0, 16.0),
             pg_restart_at=0.4,
             pg_down_seconds=2.0 if short else 3.0,
+            pg_stall_at=0.7,
+            pg_stall_seconds=LEASE_SECONDS + 2.0,
             drain_timeout=30.0 if short else 120.0,
             progress_every=10.0 if short else 30.0,
         )
@@ -275,7 +284,8 @@ class Soak:
         self.deliveries: list[Delivery] = []
         self.sent_updates: set[int] = set()
         self.redeliveries = 0
-        self.pg_windows: list[tuple[float, float]] = []  # (stop called, start returned)
+        self.pg_windows: list[tuple[float, float]] = []  # (stop called, start returned), stalls too
+        self.pg_stalls = 0
         self.chaos_log: list[tuple[float, str]] = []
         self.start_failures: list[str] = []
         self.give_up_at = math.inf
@@ -333,10 +343,12 @@ class Soak:
             self.procs.started.remove(inc.proc)
 
     async def chaos(self) -> None:
-        """Kill or terminate one replica at random moments and restart it; restart PostgreSQL once."""
+        """Kill or terminate one replica at random moments and restart it; restart PostgreSQL
+        once and stall it once."""
         profile = self.profile
         pg_at = self.t0 + profile.run_seconds * profile.pg_restart_at
-        pg_done = False
+        stall_at = self.t0 + profile.run_seconds * profile.pg_stall_at
+        pg_done = stall_done = False
         while not self.stop_chaos.is_set():
             with trio.move_on_after(self.rng.uniform(*profile.chaos_every)):
                 await self.stop_chaos.wait()
@@ -345,6 +357,10 @@ class Soak:
             if not pg_done and time.time() >= pg_at:
                 pg_done = True
                 await self.restart_pg()
+                continue
+            if not stall_done and time.time() >= stall_at:
+                stall_done = True
+                await self.stall_pg()
                 continue
             slot = self.rng.randrange(2)
             inc = self.slots[slot]
@@ -367,6 +383,21 @@ class Soak:
         self.pg_windows.append((stopped, time.time()))
         self.chaos_log.append((time.time(), f"PostgreSQL restarted (down {time.time() - stopped:.1f}s)"))
         self.say("chaos: PostgreSQL started again")
+
+    async def stall_pg(self) -> None:
+        """Freeze the server and its backends (SIGSTOP) for longer than the lease, then SIGCONT."""
+        pids = postgres_pids(self.pg)
+        self.say(f"chaos: PostgreSQL stalled ({len(pids)} processes) for {self.profile.pg_stall_seconds:g}s")
+        stalled = time.time()
+        try:
+            signal_all(pids, signal.SIGSTOP)
+            await trio.sleep(self.profile.pg_stall_seconds)
+        finally:
+            signal_all(pids, signal.SIGCONT)
+        self.pg_windows.append((stalled, time.time()))
+        self.pg_stalls += 1
+        took = time.time() - stalled
+        self.chaos_log.append((time.time(), f"PostgreSQL stalled {took:.1f}s (lease {LEASE_SECONDS:g}s)"))
 
     # -- the sender -----------------------------------------------------------------------
 
@@ -504,6 +535,30 @@ class Soak:
                     inc.final = True
                     nursery.start_soon(self.stop_incarnation, inc, "TERM")
         self.quiesce["stopped"] = time.time()
+
+
+def postgres_pids(pg: RestartablePg) -> list[int]:
+    """The server's postmaster (postmaster.pid) and every process it started (its backends)."""
+    postmaster = int((pg._server.pgdata / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:  # field 4 of /proc/PID/stat: the parent
+                children.append(int(entry.name))
+    return [postmaster, *children]
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    """Send ``signum`` to each of ``pids`` that still runs."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def job_counts(dsn: str) -> dict[str, int]:
@@ -774,8 +829,10 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     for name, recs in logs.items():
         for r in recs:
             msg = str(r.get("msg", ""))
-            for marker in ("job finished but its lease was lost", "lease lost while the handler ran",
-                           "job failed but its lease was lost"):
+            # autom/worker/pool.py: a run stopped at its local deadline or dropped before it
+            # started, and an outcome that found its claim gone
+            for marker in ("job finished but its lease was lost", "lease could not be renewed",
+                           "lease lost before the job started", "but its lease was lost"):
                 if marker in msg:
                     lease_lost_lines[marker] += 1
                     lost_logged.add((name, int(r.get("job_id", 0))))
@@ -915,7 +972,8 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         "kills": sum(1 for i in soak.incarnations if i.signalled == "KILL"),
         "terms_chaos": sum(1 for i in soak.incarnations if i.signalled == "TERM" and not i.final),
         "restarts": len(soak.incarnations) - 2,
-        "pg_restarts": len(pg_windows),
+        "pg_restarts": len(pg_windows) - soak.pg_stalls,
+        "pg_stalls": soak.pg_stalls,
         "claims": n_claims,
         "retries": retries,
         "retries_by_cause": dict(retry_causes.most_common()),
@@ -979,7 +1037,7 @@ def why_claim_ended(
     if owner is not None and owner.signalled_at is not None and owner.signalled_at <= until:
         return "worker killed (SIGKILL)" if owner.signalled == "KILL" else "owner stopped (SIGTERM, not released)"
     if in_outage(claim["at"], until, slack=LEASE_SECONDS):
-        return "database restart (lease lapsed)"
+        return "database restart or stall (lease lapsed)"
     if (claim["by_inc"], claim["job_id"]) in lost_logged:
         # the process was starved past its lease; the renewer or the completer noticed and logged it
         return "lease lost by a live process (fenced, logged)"
