@@ -14,8 +14,9 @@ class NewJob:
     """A job to enqueue.
 
     ``key``: a job with the same key is created once (``None`` = always create).
-    ``recipient``: jobs of one recipient run one at a time, in ``run_at`` order, and
-    recipients are served fairly (a Telegram chat id, for example).
+    ``recipient``: jobs of one recipient run one at a time, in the order they were queued
+    (``run_at``, then creation; a job waiting for its retry keeps its place and holds the
+    later ones back), and recipients are served fairly (a Telegram chat id, for example).
     ``run_at``: ``None`` = now (the database's clock).
     """
 
