@@ -32,6 +32,9 @@ REQUIRED_FOR_RUN = (
 )
 
 
+#: What ROLE (``--role``) may say: which parts of the service one process runs.
+ROLES = ("all", "intake", "worker")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -64,6 +67,11 @@ class Settings:
     tz: str | None = None
     # issue 13: the console (/ui/)
     console_session_hours: float = 12.0
+    # issue 15, production: which parts this process runs, and the dead-man's switch
+    #: all (intake and workers), intake (HTTP only) or worker (workers, schedule, alerts; /health and /metrics)
+    role: str = "all"
+    #: fetched with GET by each heartbeat job; a healthchecks.io-style URL holds its secret in the path
+    heartbeat_url: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(
@@ -134,6 +142,10 @@ class Settings:
             # Telegram refuses any other secret_token at setWebhook; better now than at deploy time
             problems.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - "
                             "(Telegram's rule); generate one with: openssl rand -hex 32")
+        if self.role not in ROLES:
+            problems.append(f"ROLE must be one of {', '.join(ROLES)}, got {self.role[:40]!r}")
+        if self.heartbeat_url is not None and not re.match(r"^https?://[^/\s]+", self.heartbeat_url):
+            problems.append("HEARTBEAT_URL must be an http(s) URL")  # not echoed: it may hold a secret
         if self.tz is not None:
             from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 

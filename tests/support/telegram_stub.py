@@ -373,15 +373,25 @@ async def running_stub(
     ``shutdown_trigger``; cancelling ``serve`` can leave peers hanging, hypercorn #106).
     """
     stub = TelegramStub(token=token)
-    config = stub_config(f"{host}:{port}", "tests.telegram_stub.hypercorn")
+    async with serving(stub, host=host, port=port, logger="tests.telegram_stub.hypercorn") as url:
+        stub.url = url
+        yield stub
+
+
+@asynccontextmanager
+async def serving(app: Any, *, host: str, port: int, logger: str) -> AsyncIterator[str]:
+    """Serve the ASGI ``app`` (a stub with a ``release()``) on ``host:port``; yield its URL.
+
+    On exit the stub's held answers are cut and the server shuts down gracefully.
+    """
+    config = stub_config(f"{host}:{port}", logger)
     stopping = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, stub, config, shutdown_trigger=stopping.wait, mode="asgi"))
-        stub.url = binds[0]
+        binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stopping.wait, mode="asgi"))
         try:
-            yield stub
+            yield binds[0]
         finally:
-            stub.release()
+            app.release()
             stopping.set()
             # backstop: the graceful shutdown should take milliseconds once answers are released
             nursery.cancel_scope.deadline = trio.current_time() + 5
