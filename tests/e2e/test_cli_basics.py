@@ -85,3 +85,65 @@ def test_a_database_error_is_one_line_for_every_command(empty_dsn, tmp_path):
         assert "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("autom: "), (command, result.stderr)
+
+
+def test_version(tmp_path):
+    import importlib.metadata
+
+    result = run_autom("--version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"autom {importlib.metadata.version('autom')}"
+
+
+def _subcommands() -> list[tuple[list[str], object]]:
+    """(argv prefix, parser) of every leaf subcommand, nested ones (telegram ...) included."""
+    import argparse
+
+    from autom.cli import build_parser
+
+    found: list[tuple[list[str], object]] = []
+
+    def walk(prefix: list[str], parser: argparse.ArgumentParser) -> None:
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not groups:
+            found.append((prefix, parser))
+        for group in groups:
+            for name, child in group.choices.items():
+                walk([*prefix, name], child)
+
+    walk([], build_parser())
+    return found
+
+
+def test_every_subcommand_help_names_its_settings_and_shows_an_example():
+    import re
+
+    from autom.config import setting_names
+
+    known = set(setting_names())
+    leaves = _subcommands()
+    assert len(leaves) >= 7
+    for argv, parser in leaves:
+        text = parser.format_help()
+        where = "autom " + " ".join(argv)
+        assert "\nsettings (" in text, f"{where} --help: name the settings it reads (cli.py, help_epilog)"
+        settings_part, _, example_part = text.partition("\nsettings (")[2].partition(":\n")[2].partition("\nexample")
+        named = set(re.findall(r"\b[A-Z][A-Z0-9_]+\b", settings_part))
+        assert named and named <= known, f"{where}: unknown settings {sorted(named - known)}"
+        assert f"autom {' '.join(argv)}" in example_part, f"{where}: show an example"
+        if argv == ["run"]:
+            assert named == known, "autom run reads every setting"
+
+
+def test_help_as_a_user_runs_it(tmp_path):
+    result = run_autom("failed", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "DATABASE_URL (required)" in result.stdout and "autom failed --limit 50" in result.stdout
+
+
+def test_role_is_checked_on_the_command_line_and_in_the_environment(tmp_path):
+    bad_flag = run_autom("run", "--role", "both", cwd=tmp_path)
+    assert bad_flag.returncode == 2 and "invalid choice: 'both'" in bad_flag.stderr
+    bad_env = run_autom("migrate", env=clean_env(DATABASE_URL="postgresql://x/y", ROLE="both"), cwd=tmp_path)
+    assert bad_env.returncode == 1
+    assert bad_env.stderr.strip() == "autom: ROLE must be one of all, intake, worker, got 'both'"
