@@ -345,13 +345,22 @@ def banner(settings: Settings, url: str, database: DatabaseNote, folder: Path,
     ]
     for name in GENERATED:
         lines.append(f"            {name}={getattr(settings, name.lower())}")
-    lines.append(f"  console   {base}/ui/ (log in with ADMIN_TOKEN)")
+    if settings.role != "worker":  # a worker-only process serves no console
+        lines.append(f"  console   {base}/ui/ (log in with ADMIN_TOKEN)")
+    if settings.role == "intake":
+        lines.append("  role      intake: webhooks are stored here; a worker process runs them "
+                     "(autom dev --role worker, PORT=8001, in this folder)")
+    elif settings.role == "worker":
+        lines.append("  role      worker: runs the jobs, serves only /health and /metrics; "
+                     "webhooks go to an intake process")
     if database.url:
         lines += [
             "  operate   autom failed / retry / replay in another terminal, in this folder, while this runs:",
             f"            set -a; . {shlex.quote(str(folder / 'dev.env'))}; set +a",
             f"            export DATABASE_URL={shlex.quote(database.url)}",
         ]
+    if settings.role == "worker":  # the samples would only get 404 here
+        return "\n".join([*lines, "", "Ctrl-C stops it: running jobs get SHUTDOWN_GRACE_SECONDS to finish.", ""])
     pong = ("the worker answers pong in the log" if not settings.telegram_bot_token else
             f"the worker sends pong to chat {SAMPLE_CHAT_ID}, which your bot cannot reach: message the bot instead")
     lines += [

@@ -15,7 +15,7 @@ from typing import Any
 
 CONTEXT_FIELDS = (
     "event_id", "job_id", "kind", "attempt", "duration_ms", "source", "status", "recipient",
-    "outcome", "error", "delay_s", "slot", "count", "worker", "method", "path", "remote",
+    "outcome", "error", "delay_s", "slot", "count", "worker", "method", "path", "remote", "role",
 )
 
 

@@ -13,6 +13,11 @@
                 ├── worker pool   (fetcher, runners, the one outcome writer: autom/worker/)
                 └── hypercorn     /health /metrics /hooks /admin
 
+ROLE (``--role``) picks the parts: ``all`` runs everything; ``intake`` only the
+database and hypercorn (no LISTEN, no alerts, no watchdog, no ticker, no pool);
+``worker`` everything but the webhook and admin routes (hypercorn serves only
+/health and /metrics, ``create_app``).
+
 Shutdown: ``deps.shutdown`` closes the listener and stops claiming; running
 handlers get SHUTDOWN_GRACE_SECONDS, then are cancelled and their jobs released.
 """
@@ -82,7 +87,8 @@ class Service:
     """A running service, as ``nursery.start(run_service, ...)`` returns it."""
 
     deps: Deps
-    pool: WorkerPool
+    #: None under ROLE=intake (no workers)
+    pool: WorkerPool | None
     urls: list[str]
     control: Control
 
@@ -109,8 +115,12 @@ async def run_service(
     # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
     # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on
     # the bridge's limiter (one slot per pool connection), not on this timeout.
+    # An intake-only replica runs no workers, so it needs no connection for them: 8 serve
+    # the intake's group commit (one hop at a time), /health, /metrics and /admin.
+    works = settings.role in ("all", "worker")
     async with open_database(
-        settings.database_url, min_size=2, max_size=settings.workers + 8, name="autom", pool_timeout=1.0
+        settings.database_url, min_size=2, max_size=(settings.workers if works else 0) + 8, name="autom",
+        pool_timeout=1.0,
     ) as db:
         applied = await apply_migrations(db)
         if applied:
@@ -125,27 +135,33 @@ async def run_service(
                 settings=settings, db=db, store=store, sources=enabled_sources(settings),
                 telegram=telegram, shutdown=control.shutdown,
             )
-            pool = WorkerPool(deps, handlers if handlers is not None else default_handlers())
+            # ROLE: intake = HTTP only; worker = workers, schedule, alerts and watchdog,
+            # with HTTP serving only /health and /metrics (create_app); all = both.
+            pool = WorkerPool(deps, handlers if handlers is not None else default_handlers()) if works else None
             control.pool = pool
+            alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
-                await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
-                alerts = AlertSender(deps)
-                background.start_soon(alerts.run)
-                background.start_soon(Watchdog(deps, schedules).run)
+                if alerts is not None:
+                    await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
+                    background.start_soon(alerts.run)
+                    background.start_soon(Watchdog(deps, schedules).run)
                 async with trio.open_nursery() as services:
-                    await services.start(run_ticker, deps, schedules, tz)
-                    await services.start(pool.run)
+                    if pool is not None:
+                        await services.start(run_ticker, deps, schedules, tz)
+                        await services.start(pool.run)
                     urls = await services.start(partial(serve_http, deps, create_app(deps), binds=binds))
-                    log.info("autom serving on %s with %d workers", ", ".join(urls), pool.workers)
+                    log.info("autom serving on %s as %s with %d workers", ", ".join(urls), settings.role,
+                             pool.workers if pool else 0, extra={"role": settings.role})
                     task_status.started(Service(deps=deps, pool=pool, urls=urls, control=control))
                 # ticker, pool and HTTP have all stopped: end the background tasks, but
                 # first send this process's alerts, held ones as one summary (bounded;
                 # what does not go out stays in the outbox for the next sender)
-                with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.http_timeout_seconds + 2):
-                    try:
-                        await alerts.flush()
-                    except Exception as exc:  # the database is away: the outbox keeps them
-                        log.warning("could not send the last alerts at shutdown; they stay queued: %s", exc)
+                if alerts is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.http_timeout_seconds + 2):
+                        try:
+                            await alerts.flush()
+                        except Exception as exc:  # the database is away: the outbox keeps them
+                            log.warning("could not send the last alerts at shutdown; they stay queued: %s", exc)
                 background.cancel_scope.cancel()
     log.info("autom stopped")
 

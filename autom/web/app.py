@@ -6,8 +6,9 @@ method, 413, 408, 500), is answered as
 ``{"error": "<one line>"}``: a webhook sender or an operator's script never sees
 an HTML page, and a 500 never carries a traceback (the log does).
 
-Blueprints: ``health`` (``GET /health``) and ``intake`` (``POST /hooks/<source>``).
-Further routes (``/metrics``, ``/admin``) are blueprints registered here too.
+Blueprints: ``health`` (``GET /health``), ``metrics`` (``GET /metrics``), and, unless
+the process runs as ROLE=worker, ``intake`` (``POST /hooks/<source>``), ``admin``
+(``/admin/...``) and the OpenAPI description.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ def create_app(deps: Deps) -> QuartTrio:
     app.extensions["autom.deps"] = deps
 
     app.register_blueprint(health_blueprint(deps))
-    app.register_blueprint(intake_blueprint(deps))
     app.register_blueprint(metrics_blueprint(deps))
-    app.register_blueprint(admin_blueprint(deps))
-    app.register_blueprint(openapi_blueprint())
-    app.register_blueprint(console_blueprint(deps))
+    # A worker-only replica (ROLE=worker) serves its health and metrics and nothing
+    # else: every other path is 404, so no webhook, admin or console call can land on it.
+    if deps.settings.role != "worker":
+        app.register_blueprint(intake_blueprint(deps))
+        app.register_blueprint(admin_blueprint(deps))
+        app.register_blueprint(openapi_blueprint())
+        app.register_blueprint(console_blueprint(deps))
 
     _register_error_handlers(app, deps.settings.max_body_bytes)
     return app

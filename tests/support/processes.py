@@ -26,7 +26,7 @@ import json
 import re
 import signal
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -134,8 +134,8 @@ class AutomProcesses:
         self.started: list[AutomProcess] = []
         self._numbers = itertools.count(1)
 
-    async def start(self, *, dsn: str, telegram_url: str, **settings: str) -> AutomProcess:
-        """Start ``autom run`` and return once it serves and ``/health`` is 200.
+    async def start(self, *, dsn: str, telegram_url: str, args: Sequence[str] = (), **settings: str) -> AutomProcess:
+        """Start ``autom run [args]`` and return once it serves and ``/health`` is 200.
 
         ``settings`` override ``process_env``'s defaults (``JOB_LEASE_SECONDS="2"``).
         """
@@ -146,7 +146,7 @@ class AutomProcesses:
         log_file = log_path.open("wb")  # a local file: opening it does not block
         try:
             process = await trio.lowlevel.open_process(
-                [AUTOM, "run"], env=process_env(dsn, telegram_url, **settings), cwd=str(workdir),
+                [AUTOM, "run", *args], env=process_env(dsn, telegram_url, **settings), cwd=str(workdir),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             )
         finally:

@@ -1,0 +1,98 @@
+"""Roles: one ``autom run --role intake`` and one ``--role worker`` process on one database.
+
+The intake-only process takes the webhooks and runs no job; the worker-only
+process runs every job once (the schedule and its heartbeat included), answers
+only /health and /metrics, and refuses every webhook with 404. Jobs are counted
+from the database, the Telegram stub's recorded calls and each process's log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.processes import AutomProcess, AutomProcesses, autom_processes
+from tests.support.service import ADMIN_TOKEN, post_telegram, telegram_update, wait_until
+from tests.support.telegram_stub import TelegramStub, running_stub
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[TelegramStub]:
+    async with running_stub() as telegram:
+        yield telegram
+
+
+@pytest.fixture
+async def procs(tmp_path: Path, stub: TelegramStub) -> AsyncIterator[AutomProcesses]:
+    async with autom_processes(tmp_path) as started:
+        yield started
+
+
+async def get(proc: AutomProcess, path: str, **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=proc.url, timeout=5) as client:
+        return await client.get(path, **kwargs)
+
+
+async def test_an_intake_and_a_worker_process_do_the_work_once(
+    dsn: str, db: Any, stub: TelegramStub, procs: AutomProcesses
+) -> None:
+    # the worker first: it must run without anyone serving webhooks; --role on the
+    # command line for one, ROLE in the environment for the other
+    worker = await procs.start(dsn=dsn, telegram_url=stub.url, ROLE="worker")
+    intake = await procs.start(dsn=dsn, telegram_url=stub.url, args=["--role", "intake"])
+    await worker.wait_logged("autom serving", role="worker")
+    await intake.wait_logged("autom serving", role="intake")
+
+    chats = [700_000 + n for n in range(20)]
+    updates = [telegram_update(20_000 + n, chats[n % len(chats)], "/ping") for n in range(60)]
+    async with httpx.AsyncClient(base_url=intake.url, timeout=10) as client:
+        for update in updates:
+            response = await post_telegram(client, update)
+            assert response.status_code == 202, response.text
+        again = await post_telegram(client, updates[0])  # a redelivery: nothing new
+        assert again.json() == {"duplicate": True}
+        # the intake serves the operator's API too
+        stats = await client.get("/admin/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert stats.status_code == 200
+
+    async def all_done() -> bool:
+        n = await db.fetch_val("select count(*) from jobs where kind = 'telegram.message' and status = 'done'")
+        return bool(n == len(updates))
+
+    await wait_until(all_done, timeout=30, interval=0.1)
+    rows = await db.fetch_all("select status, attempts, recipient from jobs where kind = 'telegram.message'")
+    assert Counter((r["status"], r["attempts"]) for r in rows) == {("done", 1): len(updates)}
+    sends_per_chat = Counter(int(c.params["chat_id"]) for c in stub.calls_of("sendMessage"))
+    assert sends_per_chat == Counter({chat: 3 for chat in chats})  # each job once: one pong each
+
+    # every job ran in the worker process, none in the intake process
+    assert len(worker.logged("job done", kind="telegram.message")) == len(updates)
+    assert intake.logged("job done") == []
+    # the schedule runs where the workers run: the heartbeat slot was enqueued by the worker and done
+    heartbeat = await db.fetch_all("select status from jobs where kind = 'heartbeat'")
+    assert [r["status"] for r in heartbeat] == ["done"]
+    assert worker.logged("scheduled job enqueued") and not intake.logged("scheduled job enqueued")
+
+    # the worker serves its health and metrics only
+    assert (await get(worker, "/health")).status_code == 200
+    metrics = await get(worker, "/metrics")
+    assert metrics.status_code == 200 and "autom_workers 4.0" in metrics.text
+    for method, path in [("POST", "/hooks/telegram"), ("GET", "/admin/stats"), ("GET", "/openapi.json"),
+                         ("GET", "/")]:
+        async with httpx.AsyncClient(base_url=worker.url, timeout=5) as client:
+            response = await client.request(method, path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert response.status_code == 404, (method, path, response.text)
+    # the intake runs no workers
+    assert "autom_workers 0.0" in (await get(intake, "/metrics")).text
+
+    # both drain and exit 0 on SIGTERM
+    for proc in (intake, worker):
+        proc.terminate()
+    for proc in (intake, worker):
+        assert await proc.wait(timeout=30) == 0
+    assert await db.fetch_val("select count(*) from jobs where status in ('pending', 'running')") == 0
