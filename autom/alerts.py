@@ -31,13 +31,18 @@ import logging
 import uuid
 from collections import Counter, deque
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from autom.checks import one_line
 from autom.db.queries import Q
 from autom.deps import Deps
+
+if TYPE_CHECKING:
+    from autom.db.bridge import Database
+    from autom.telegram import AlertResult
 
 log = logging.getLogger("autom.alerts")
 
@@ -52,8 +57,50 @@ CLAIM_LIMIT = 200
 MAX_BACKOFF_SECONDS = 60.0
 #: longest wait a 429 on the alert chat may impose
 MAX_RETRY_AFTER_SECONDS = 300.0
+#: an unsent alert older than this makes /health say "degraded" (past the throttle's
+#: minute and a few backoff rounds, it is not on its way: something refuses it)
+STALE_SECONDS = 300.0
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AlertHealth:
+    """Whether alerts get out, as every replica can read it from the database."""
+
+    #: alerts not delivered yet
+    unsent: int
+    #: of those, how many have waited longer than ``STALE_SECONDS``
+    stale: int
+    #: why the last delivery anyone tried failed; empty when it succeeded (or none was tried)
+    failing: str = ""
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per reason alerts are not getting through (empty: they are)."""
+        found = []
+        if self.failing:
+            found.append(f"the last alert could not be delivered: {self.failing}")
+        if self.stale:
+            found.append(f"{self.stale} alert(s) unsent for over {STALE_SECONDS / 60:g} minutes")
+        return found
+
+
+async def read_alert_health(db: Database) -> AlertHealth:
+    """The outbox's state and the last delivery's outcome (one small query)."""
+    row = await db.fetch_one(Q.alerts_health, {"stale": STALE_SECONDS})
+    delivery = (row or {}).get("delivery") or {}
+    failing = "" if delivery.get("ok", True) else str(delivery.get("error") or "refused")
+    return AlertHealth(unsent=int((row or {}).get("unsent") or 0), stale=int((row or {}).get("stale") or 0),
+                       failing=failing)
+
+
+async def note_delivery(db: Database, result: AlertResult) -> None:
+    """Record the outcome of an alert delivery for /health (written only when it changes). Never raises."""
+    try:
+        await db.execute(Q.alert_delivery_note, {"ok": result.delivered, "error": result.reason or None})
+    except Exception as exc:  # /health is told next time; the alert itself is handled by the caller
+        log.debug("could not note the alert delivery's outcome: %s", exc)
 
 
 def backoff(tries: int) -> float:
@@ -215,6 +262,7 @@ class AlertSender:
                 continue
             text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "(no error text)")
             result = await self.telegram.deliver_alert(text)
+            await note_delivery(self.db, result)
             if result.delivered:
                 self.throttle.sent(trio.current_time())
                 self.deps.metrics.alerts.labels("sent").inc()
@@ -246,6 +294,7 @@ class AlertSender:
         else:
             text = summary_text(Counter(r["kind"] for r in held))
         result = await self.telegram.deliver_alert(text)
+        await note_delivery(self.db, result)
         self._held.clear()
         self._held_since = None
         if result.delivered:

@@ -341,6 +341,9 @@ def banner(settings: Settings, url: str, database: DatabaseNote, folder: Path,
         f"autom dev is running on {base}",
         f"  database  {database.description}",
         f"  telegram  {telegram}",
+        *(["  alerts    TELEGRAM_ALERT_CHAT_ID is not set: alerts are only logged, not sent (set it to a chat "
+           "the bot is in; a group's id is negative)"]
+          if settings.telegram_bot_token and not settings.telegram_alert_chat_id else []),
         f"  secrets   {folder / 'dev.env'} ({secrets_note}; the environment and .env override them)",
     ]
     for name in GENERATED:

@@ -46,6 +46,9 @@ class Metrics:
             "autom_queue_lag_seconds", "How long the oldest due pending job has been waiting", registry=r,
         )
         self.db_up = Gauge("autom_database_up", "1 when the last database query succeeded", registry=r)
+        self.alerts_unsent = Gauge(
+            "autom_alerts_unsent", "Alerts in the outbox not delivered yet (all replicas)", registry=r,
+        )
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

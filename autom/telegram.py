@@ -152,14 +152,17 @@ class TelegramClient:
             self._log_call("sendMessage", {"chat_id": self._alert_chat_id, "text": text})
             return AlertResult(True)
         if not self._alert_chat_id:
-            logger.warning("alert not sent: TELEGRAM_ALERT_CHAT_ID is not set: %s", one_line(text))
-            return AlertResult(False)
+            # Only `autom dev` runs without one (`autom run` requires it; dev's banner says
+            # so once): the alert goes to the log, and counts as delivered, so it is not
+            # tried again and warned about every minute for ever.
+            logger.warning("alert (TELEGRAM_ALERT_CHAT_ID is not set, so only logged): %s", one_line(text))
+            return AlertResult(True)
         try:
             await self.send_message(self._alert_chat_id, text)
         except Exception as exc:  # an alert must never take its caller down with it
             reason = str(exc) if isinstance(exc, JobError) else str(classify_exception(exc, "telegram alert"))
             logger.warning("alert not delivered (%s): %s", one_line(reason), one_line(text, 120))
-            return AlertResult(False, exc.after if isinstance(exc, Retry) else 0.0)
+            return AlertResult(False, exc.after if isinstance(exc, Retry) else 0.0, one_line(reason, 200))
         return AlertResult(True)
 
     def _log_call(self, method: str, params: dict[str, Any]) -> None:
@@ -216,6 +219,8 @@ class AlertResult:
 
     delivered: bool
     retry_after: float = 0.0
+    #: why it was not delivered, one line without secrets (``/health`` shows it)
+    reason: str = ""
 
 
 class _RedactTokens(logging.Filter):

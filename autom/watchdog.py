@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from autom.alerts import note_delivery
 from autom.db.queries import Q
 from autom.deps import Deps
 from autom.jobs import health
@@ -70,8 +71,9 @@ class Watchdog:
             return
         text = on_text if active else off_text
         (log.error if active else log.info)(text)
-        delivered = await self.deps.telegram.alert(text)
-        self.deps.metrics.alerts.labels("sent" if delivered else "failed").inc()
+        result = await self.deps.telegram.deliver_alert(text)
+        await note_delivery(self.deps.db, result)
+        self.deps.metrics.alerts.labels("sent" if result.delivered else "failed").inc()
 
     async def run(self, *, interval: float = CHECK_SECONDS,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -54,3 +54,20 @@ delete from alerts where id in (
     select id from alerts where sent_at < now() - make_interval(secs => %(keep_seconds)s)
     limit %(batch)s
 );
+
+-- name: alerts_health
+-- For /health and /metrics: unsent alerts, how many of them wait longer than
+-- %(stale)s seconds, and the outcome of the last delivery anyone tried (a
+-- service_state row, so every replica sees it, also an intake-only one).
+select (select count(*) from alerts where sent_at is null) as unsent,
+       (select count(*) from alerts
+         where sent_at is null and created_at < now() - make_interval(secs => %(stale)s)) as stale,
+       (select value from service_state where name = 'alert_delivery') as delivery;
+
+-- name: alert_delivery_note
+-- The outcome of an alert delivery: written only when it differs from the last one,
+-- so an alert chat that keeps accepting costs no write.
+insert into service_state as s (name, value, updated_at)
+values ('alert_delivery', jsonb_build_object('ok', %(ok)s::boolean, 'error', %(error)s::text), now())
+on conflict (name) do update set value = excluded.value, updated_at = excluded.updated_at
+    where s.value is distinct from excluded.value;

@@ -3,11 +3,11 @@
 The counters and histograms (events by source and outcome, intake and job
 durations, job attempts by outcome, alerts, busy workers) move as the intake and
 the workers do their work. The gauges that describe the *database* (jobs by
-status and kind, queue lag) are refreshed here, before rendering, with two cheap
-queries (``autom.jobs.health``: job counts and queue lag), at most once
-every ``REFRESH_SECONDS``: Prometheus, a second scraper and a curious operator
-together must not turn into database load, and every replica exports the same
-numbers anyway.
+status and kind, queue lag, alerts not delivered yet) are refreshed here, before
+rendering, with three cheap queries (``autom.jobs.health``: job counts and queue
+lag; ``autom.alerts.read_alert_health``), at most once every ``REFRESH_SECONDS``:
+Prometheus, a second scraper and a curious operator together must not turn into
+database load, and every replica exports the same numbers anyway.
 
 When the database is down the route still answers 200, quickly (a refresh gets
 ``QUERY_BUDGET_SECONDS``), with the process's own metrics, the last known
@@ -24,6 +24,7 @@ from collections.abc import Callable
 import trio
 from quart import Blueprint, Response
 
+from autom.alerts import AlertHealth, read_alert_health
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable
 from autom.jobs import health
@@ -81,17 +82,19 @@ class DatabaseGauges:
             # by every scrape, each of which would wait for it.
             self._next = self._clock() + self._max_age
             db_up = self._deps.metrics.db_up
-            fresh: tuple[list[health.JobCount], float] | None = None
+            fresh: tuple[list[health.JobCount], float, AlertHealth] | None = None
             with trio.move_on_after(QUERY_BUDGET_SECONDS):
                 try:
                     counts = await health.job_counts(self._deps.db)
-                    fresh = (counts, await health.queue_lag(self._deps.db))
+                    lag = await health.queue_lag(self._deps.db)
+                    fresh = (counts, lag, await read_alert_health(self._deps.db))
                 except DatabaseUnavailable as exc:
                     log.warning("metrics: database unavailable, database gauges not refreshed: %s", exc)
             if fresh is None:  # unavailable, or slower than the budget
                 db_up.set(0)
                 return
-            self._apply(*fresh)
+            self._apply(*fresh[:2])
+            self._deps.metrics.alerts_unsent.set(fresh[2].unsent)
             db_up.set(1)
 
     def _apply(self, counts: list[health.JobCount], lag: float) -> None:

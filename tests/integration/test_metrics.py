@@ -135,8 +135,12 @@ class CountingDb:
         self.calls += 1
         return await self.db.fetch_val(*args)
 
+    async def fetch_one(self, *args: Any) -> Any:
+        self.calls += 1
+        return await self.db.fetch_one(*args)
 
-async def test_refresh_is_two_queries_at_most_once_per_max_age(db: Any) -> None:
+
+async def test_refresh_is_three_queries_at_most_once_per_max_age(db: Any) -> None:
     counting = CountingDb(db)
     deps = make_deps(app_settings(), counting)
     now = [100.0]
@@ -144,13 +148,13 @@ async def test_refresh_is_two_queries_at_most_once_per_max_age(db: Any) -> None:
     async with trio.open_nursery() as nursery:
         for _ in range(10):
             nursery.start_soon(gauges.refresh)
-    assert counting.calls == 2
+    assert counting.calls == 3  # job counts, queue lag, alerts
     now[0] += 4.9
     await gauges.refresh()
-    assert counting.calls == 2
+    assert counting.calls == 3
     now[0] += 0.2
     await gauges.refresh()
-    assert counting.calls == 4
+    assert counting.calls == 6
     assert deps.metrics.db_up._value.get() == 1
 
 
