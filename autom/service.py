@@ -43,7 +43,7 @@ from autom.handlers import Handler, default_handlers
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.schedule import DEFAULT_SCHEDULES, Schedule, process_zone
-from autom.sources import enabled_sources
+from autom.sources import disabled_sources, enabled_sources
 from autom.telegram import open_telegram
 from autom.ticker import run_ticker
 from autom.watchdog import Watchdog
@@ -135,6 +135,9 @@ async def run_service(
                 settings=settings, db=db, store=store, sources=enabled_sources(settings),
                 telegram=telegram, shutdown=control.shutdown,
             )
+            if settings.role != "worker":  # said once at start, not as "unknown source" at each delivery
+                for name, setting in disabled_sources(settings).items():
+                    log.info("source %s is disabled: POST /hooks/%s answers 404 until %s is set", name, name, setting)
             # ROLE: intake = HTTP only; worker = workers, schedule, alerts and watchdog,
             # with HTTP serving only /health and /metrics (create_app); all = both.
             pool = WorkerPool(deps, handlers if handlers is not None else default_handlers()) if works else None

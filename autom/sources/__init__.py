@@ -30,9 +30,25 @@ __all__ = [
     "StandardSource",
     "StripeSource",
     "TelegramSource",
+    "disabled_sources",
     "enabled_sources",
     "replay_sources",
 ]
+
+
+#: Each built-in source's secret setting: the source is enabled when it is set.
+SECRET_SETTINGS = {
+    "telegram": "TELEGRAM_WEBHOOK_SECRET",
+    "site": "SITE_WEBHOOK_SECRET",
+    "github": "GITHUB_WEBHOOK_SECRET",
+    "stripe": "STRIPE_WEBHOOK_SECRET",
+    "standard": "STANDARD_WEBHOOK_SECRET",
+}
+
+
+def disabled_sources(settings: Settings) -> dict[str, str]:
+    """The built-in sources whose secret is unset, each with the setting that would enable it."""
+    return {name: setting for name, setting in SECRET_SETTINGS.items() if not getattr(settings, setting.lower())}
 
 
 def enabled_sources(settings: Settings) -> dict[str, Source]:

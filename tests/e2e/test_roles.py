@@ -47,6 +47,12 @@ async def test_an_intake_and_a_worker_process_do_the_work_once(
     intake = await procs.start(dsn=dsn, telegram_url=stub.url, args=["--role", "intake"])
     await worker.wait_logged("autom serving", role="worker")
     await intake.wait_logged("autom serving", role="intake")
+    # a source without its secret is said to be disabled at start, where webhooks are taken
+    assert [r["msg"] for r in intake.logged("is disabled")] == [
+        f"source {name} is disabled: POST /hooks/{name} answers 404 until {name.upper()}_WEBHOOK_SECRET is set"
+        for name in ("github", "stripe", "standard")
+    ]
+    assert worker.logged("is disabled") == []
 
     chats = [700_000 + n for n in range(20)]
     updates = [telegram_update(20_000 + n, chats[n % len(chats)], "/ping") for n in range(60)]
