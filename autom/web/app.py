@@ -8,7 +8,7 @@ an HTML page, and a 500 never carries a traceback (the log does).
 
 Blueprints: ``health`` (``GET /health``), ``metrics`` (``GET /metrics``), and, unless
 the process runs as ROLE=worker, ``intake`` (``POST /hooks/<source>``), ``admin``
-(``/admin/...``) and the OpenAPI description.
+(``/admin/...``), the OpenAPI description and the console (``/ui/``).
 """
 
 from __future__ import annotations
