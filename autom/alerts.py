@@ -109,7 +109,7 @@ def backoff(tries: int) -> float:
 
 
 def job_failed_text(job_id: int, kind: str, attempts: int, error: object) -> str:
-    """The alert for a job that ended in ``failed`` (CONTRACT.md: id, kind and error)."""
+    """The alert for a job that ended in ``failed`` (README, Alerts: id, kind and error)."""
     plural = "" if attempts == 1 else "s"
     return f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
 

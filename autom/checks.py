@@ -126,8 +126,8 @@ def classify_exception(exc: Exception, what: str) -> JobError:
         return PermanentError(f"{what}: invalid URL ({name})")
     if isinstance(exc, httpx.TransportError):
         return TransientError(f"{what}: {name}{suffix}")
-    # anything else (a decoding error, a bug in a library): transient, as CONTRACT.md says
-    # for any non-JobError exception, but with the same care about what the message holds
+    # anything else (a decoding error, a bug in a library): transient, as a handler's
+    # exception that is not a JobError is (README, Handlers), but with the same care about what the message holds
     return TransientError(f"{what}: {name}{suffix}")
 
 

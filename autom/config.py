@@ -1,7 +1,8 @@
 """Settings: built once from the environment (and ``.env`` in the working directory).
 
 ``Settings`` is frozen and validated; secrets are excluded from ``repr`` so a
-settings object can be logged. The names and defaults are CONTRACT.md's.
+settings object can be logged. The names and defaults are the README's settings
+table (a test holds the two together).
 """
 
 from __future__ import annotations

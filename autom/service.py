@@ -54,7 +54,7 @@ log = logging.getLogger("autom")
 
 NOTIFY_CHANNEL = "autom_jobs"
 
-#: what the service schedules: the hourly heartbeat (CONTRACT.md) and retention
+#: what the service schedules: the hourly heartbeat and retention (README, Schedule)
 SERVICE_SCHEDULES: tuple[Schedule, ...] = (*DEFAULT_SCHEDULES, Schedule("maintenance.prune", every_minutes=60))
 
 

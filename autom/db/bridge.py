@@ -3,7 +3,7 @@
 psycopg's async API is asyncio-only, so every database call is one
 ``trio.to_thread.run_sync`` hop that borrows a connection, runs the call and
 returns the connection (folding the three into one hop doubled throughput,
-see ARCHITECTURE.md). A ``trio.CapacityLimiter`` of the pool size bounds the
+measured when the bridge was chosen). A ``trio.CapacityLimiter`` of the pool size bounds the
 threads: more would only block in ``getconn``, and trio's default limiter is
 shared by the whole process.
 

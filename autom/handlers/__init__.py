@@ -35,7 +35,7 @@ Handler = Callable[[HandlerContext, "Job"], Awaitable[None]]
 
 
 def default_handlers() -> Mapping[str, Handler]:
-    """The kinds autom handles out of the box (CONTRACT.md, Handlers)."""
+    """The kinds autom handles out of the box (README, Handlers)."""
     return {
         "telegram.message": telegram_message.handle,
         "site.form": log_event.handle,

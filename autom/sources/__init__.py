@@ -1,6 +1,6 @@
 """Webhook sources: who may post to ``POST /hooks/{name}`` and what their deliveries mean.
 
-Each source (CONTRACT.md, Sources) verifies a delivery as its sender documents
+Each source (README, Sources) verifies a delivery as its sender documents
 it, names the redelivery key, and turns a verified body into jobs. A source is
 enabled when its secret is set; ``enabled_sources`` builds the enabled ones.
 ``replay_sources`` builds every known one without a secret, to parse stored

@@ -1,4 +1,4 @@
-"""``/admin/...``: the operator's HTTP API over ``autom.ops.Operations`` (CONTRACT.md, HTTP).
+"""``/admin/...``: the operator's HTTP API over ``autom.ops.Operations`` (README, Admin API).
 
 Every route needs ``Authorization: Bearer $ADMIN_TOKEN``. The check runs before
 anything else a route does (parameter checks, database look-ups), so a caller

@@ -1,6 +1,7 @@
 """``POST /hooks/{source}``: verify a webhook delivery, store it and its jobs in one transaction.
 
-The checks run in CONTRACT.md's order, and nothing is written unless all pass:
+The checks run in this order (the README's, section Sources), and nothing is
+written unless all pass:
 
 1. 404 the source is unknown or not enabled (its secret is unset);
 2. 413 the body is larger than MAX_BODY_BYTES (by Content-Length at once, or

@@ -1,6 +1,6 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of autom's HTTP interface (no auth).
 
-It describes what the routes really answer (CONTRACT.md, HTTP; the docstrings
+It describes what the routes really answer (README, Operations; the docstrings
 of ``intake``, ``admin``, ``health`` and ``metrics_route``), status codes and
 bodies included, and tests/integration/test_admin_fuzz.py holds the live app to
 it: every answer to generated requests must be a documented status with a body

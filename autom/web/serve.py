@@ -8,7 +8,7 @@ keep-alive connections are closed, and requests in flight get
 ``serve_http`` instead would skip the socket shutdowns (hypercorn #106).
 
 ``ShieldFinalSend`` works around a quart-trio 0.12 × hypercorn 0.18 bug
-(research/trio-stack.md §6): hypercorn re-arms a connection's keep-alive idle
+(measured when the stack was chosen): hypercorn re-arms a connection's keep-alive idle
 timer from inside the app's final ``send``, and quart-trio cancels the request's
 nursery when the stream ends (the ``http.disconnect`` hypercorn sends), which
 lands while that send is still re-arming the timer. Without the timer an idle

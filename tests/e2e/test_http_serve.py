@@ -1,6 +1,6 @@
 """``serve_http`` over real sockets: health, JSON errors, and keep-alive connections at shutdown.
 
-The keep-alive tests guard ``ShieldFinalSend`` (research/trio-stack.md §6): with
+The keep-alive tests guard ``ShieldFinalSend`` (autom/web/serve.py says why): with
 quart-trio 0.12 and hypercorn 0.18, a connection that served one request loses its
 idle timer, never times out, and keeps serving new requests after shutdown began.
 They talk raw HTTP/1.1 on a trio socket so nothing in a client library hides

@@ -27,7 +27,7 @@ from tests.support.service import post_telegram, telegram_update, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub, running_stub
 
 JOB_COLUMNS = "id, status, attempts, lease, last_error, recipient"
-# "within about a second" (CONTRACT.md), with room for a loaded machine running several processes
+# "within about a second" (README, Health and metrics), with room for a loaded machine running several processes
 QUICK = 2.0
 
 

@@ -1,4 +1,4 @@
-"""``/admin/...`` over real HTTP against a real PostgreSQL (CONTRACT.md, HTTP).
+"""``/admin/...`` over real HTTP against a real PostgreSQL (README, Admin API).
 
 Reads, filters, validation and the auth wall run against the HTTP app alone
 (``running_app``: no workers, so rows stay as the test made them). Retry and

@@ -1,4 +1,4 @@
-"""``POST /hooks/{source}`` over real HTTP against a real PostgreSQL (CONTRACT.md, HTTP and Sources).
+"""``POST /hooks/{source}`` over real HTTP against a real PostgreSQL (README: Sources, Operations).
 
 Signatures are computed here with ``hmac`` from each sender's documentation, not
 with the sources' own helpers, so a source that signs wrongly cannot pass by agreeing
@@ -350,7 +350,7 @@ async def test_a_small_chunked_body_is_accepted(app: RunningApp, db: Any) -> Non
     assert await db.fetch_val("select body from events") == body.decode()
 
 
-# --- the order of the checks (CONTRACT.md: 404, 413, 401, 400) ----------------------------------
+# --- the order of the checks (404, 413, 401, 400, as the README lists them) ----------------------------------
 
 
 async def test_unknown_source_wins_over_too_large(app: RunningApp, db: Any) -> None:

@@ -18,7 +18,7 @@ from autom.db import open_database
 from tests.support.http_app import TELEGRAM_SECRET, RunningApp, count_rows, running_app, sample
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 
-# "within about a second" (CONTRACT.md), plus room for a loaded CI machine
+# "within about a second" (README, Health and metrics), plus room for a loaded CI machine
 QUICK = 1.5
 
 

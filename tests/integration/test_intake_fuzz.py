@@ -360,7 +360,7 @@ async def test_headers_beyond_the_servers_limit_get_a_4xx_and_store_nothing(
 ) -> None:
     """Past ~64 KiB of headers Hypercorn itself answers 431 before autom sees the request.
 
-    That status is not in CONTRACT.md's list for ``/hooks`` (the route never runs);
+    That status is not among the ones the README lists for ``/hooks`` (the route never runs);
     what matters is that it is a 4xx and nothing is stored. Up to that size the
     route answers as usual (the fuzzing above sends header values up to 12 KB each).
     """

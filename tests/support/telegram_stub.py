@@ -12,7 +12,7 @@ Two ways to use it:
 
 It is a raw ASGI app on ``hypercorn.trio.serve`` (no Quart): less to start per
 test, and hypercorn's keep-alive timer works with it (the quart-trio one is
-broken, research/trio-stack.md §6).
+broken: autom/web/serve.py, ``ShieldFinalSend``).
 
 Routes:
 

@@ -1,4 +1,4 @@
-"""``/ui/``: the console, HTML pages for the person on call (CONTRACT.md, Console).
+"""``/ui/``: the console, HTML pages for the person on call (README, Operations: the console).
 
 Server-rendered (Jinja templates in ``templates/``, one stylesheet in ``static/``),
 no build step, no script at all, nothing loaded from elsewhere: it works offline
