@@ -262,17 +262,18 @@ class AlertSender:
                 continue
             text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "(no error text)")
             result = await self.telegram.deliver_alert(text)
-            await note_delivery(self.db, result)
             if result.delivered:
                 self.throttle.sent(trio.current_time())
                 self.deps.metrics.alerts.labels("sent").inc()
                 await self._mark("single", [row])
+                await note_delivery(self.db, result)  # after the mark, which matters more
                 continue
             # Telegram is down (or refuses): try this one later, and the rest with it
             self.deps.metrics.alerts.labels("failed").inc()
             delay = max(backoff(row["tries"]), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
             await self._release([row], delay, failed=True)
             await self._release(rows[index + 1:], delay, failed=False)
+            await note_delivery(self.db, result)
             return
 
     def _hold(self, row: Row, now: float) -> None:
@@ -294,17 +295,17 @@ class AlertSender:
         else:
             text = summary_text(Counter(r["kind"] for r in held))
         result = await self.telegram.deliver_alert(text)
-        await note_delivery(self.db, result)
         self._held.clear()
         self._held_since = None
         if result.delivered:
             self.throttle.summarised(trio.current_time())
             self.deps.metrics.alerts.labels("sent").inc()
             await self._mark("summary" if len(held) > 1 else "single", held)
-            return
-        self.deps.metrics.alerts.labels("failed").inc()
-        delay = max(backoff(max(r["tries"] for r in held)), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
-        await self._release(held, delay, failed=True)
+        else:
+            self.deps.metrics.alerts.labels("failed").inc()
+            delay = max(backoff(max(r["tries"] for r in held)), min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+            await self._release(held, delay, failed=True)
+        await note_delivery(self.db, result)  # after the bookkeeping, which matters more
 
     # -- bookkeeping -----------------------------------------------------------------
 
