@@ -8,6 +8,7 @@ table (a test holds the two together).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -73,6 +74,14 @@ class Settings:
     role: str = "all"
     #: fetched with GET by each heartbeat job; a healthchecks.io-style URL holds its secret in the path
     heartbeat_url: str | None = field(default=None, repr=False)
+    # -- admission and Telegram's limits (issue 14) --
+    client_rate: float = 500.0
+    trusted_proxies: str | None = None
+    max_pending_jobs: int = 100000
+    max_pending_per_recipient: int = 1000
+    telegram_max_connections: int = 40
+    telegram_chat_rate: float = 1.0
+    telegram_global_rate: float = 30.0
 
     @classmethod
     def from_env(
@@ -124,6 +133,9 @@ class Settings:
             "HTTP_TIMEOUT_SECONDS": self.http_timeout_seconds, "MAX_BODY_BYTES": self.max_body_bytes,
             "QUEUE_LAG_ALERT_SECONDS": self.queue_lag_alert_seconds,
             "CONSOLE_SESSION_HOURS": self.console_session_hours,
+            "CLIENT_RATE": self.client_rate, "MAX_PENDING_JOBS": self.max_pending_jobs,
+            "MAX_PENDING_PER_RECIPIENT": self.max_pending_per_recipient,
+            "TELEGRAM_CHAT_RATE": self.telegram_chat_rate, "TELEGRAM_GLOBAL_RATE": self.telegram_global_rate,
         }
         problems += [f"{name} must be greater than 0" for name, value in positive.items() if value <= 0]
         problems += [f"{name} must not be negative" for name, value in {
@@ -147,6 +159,12 @@ class Settings:
             problems.append(f"ROLE must be one of {', '.join(ROLES)}, got {self.role[:40]!r}")
         if self.heartbeat_url is not None and not re.match(r"^https?://[^/\s]+", self.heartbeat_url):
             problems.append("HEARTBEAT_URL must be an http(s) URL")  # not echoed: it may hold a secret
+        if not 1 <= self.telegram_max_connections <= 100:  # Telegram's own range
+            problems.append("TELEGRAM_MAX_CONNECTIONS must be between 1 and 100")
+        try:
+            self.trusted_networks()
+        except ConfigError as exc:  # names TRUSTED_PROXIES and the item
+            problems.append(str(exc))
         if self.tz is not None:
             from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -155,6 +173,18 @@ class Settings:
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(f"TZ is not a known time zone: {self.tz!r}")
         return problems
+
+    def trusted_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """TRUSTED_PROXIES as networks (comma- or space-separated addresses and CIDRs)."""
+        networks = []
+        for item in re.split(r"[\s,]+", self.trusted_proxies or ""):
+            if not item:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ConfigError(f"TRUSTED_PROXIES: not an address or CIDR: {item[:60]!r}") from None
+        return tuple(networks)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (tests, ``autom dev``)."""

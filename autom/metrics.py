@@ -45,6 +45,16 @@ class Metrics:
         self.queue_lag = Gauge(
             "autom_queue_lag_seconds", "How long the oldest due pending job has been waiting", registry=r,
         )
+        # admission (issue 14): what the door and the intake refused, and the backlog they judge by
+        self.refusals = Counter(
+            "autom_refusals_total",
+            "Deliveries refused by reason (rate, failing_client, slow_body, backlog, recipient) and source",
+            ["reason", "source"], registry=r,
+        )
+        self.backlog = Gauge(
+            "autom_backlog_estimate", "Unfinished jobs (pending and running) as the intake's admission sees them",
+            registry=r,
+        )
         self.db_up = Gauge("autom_database_up", "1 when the last database query succeeded", registry=r)
         self.alerts_unsent = Gauge(
             "autom_alerts_unsent", "Alerts in the outbox not delivered yet (all replicas)", registry=r,

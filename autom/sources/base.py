@@ -66,6 +66,12 @@ class Source(Protocol):
 
     ``dedup_key`` and ``parse`` read only headers outside ``secret_headers``, so an
     event stored without its secret headers can be parsed again (``autom replay``).
+
+    Two optional attributes steer admission (autom/admission.py): ``sender_retries =
+    True`` says the sender retries refused deliveries (then a full backlog answers it
+    503 instead of storing); a method ``verify_headers(headers)`` says the whole proof
+    is in the headers (Telegram's secret): the door checks it before the body is read,
+    and deliveries it proves are not rate limited by address.
     """
 
     name: str

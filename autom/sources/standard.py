@@ -59,6 +59,8 @@ class StandardSource:
 
     name = "standard"
     secret_headers = frozenset({SIGNATURE_HEADER})
+    #: the sender retries refused deliveries for days (honouring Retry-After): shed first
+    sender_retries = True
 
     def __init__(self, secret: str, tolerance: float = DEFAULT_TOLERANCE) -> None:
         """``secret`` is STANDARD_WEBHOOK_SECRET; a malformed one raises ``ConfigError``."""

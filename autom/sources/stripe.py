@@ -42,6 +42,8 @@ class StripeSource:
 
     name = "stripe"
     secret_headers = frozenset({SIGNATURE_HEADER})
+    #: the sender retries refused deliveries for days (honouring Retry-After): shed first
+    sender_retries = True
 
     def __init__(self, secret: str, tolerance: float = DEFAULT_TOLERANCE) -> None:
         """``secret`` is STRIPE_WEBHOOK_SECRET (``whsec_...``, used as is); ``tolerance`` in seconds."""

@@ -50,6 +50,13 @@ class TelegramSource:
     def _matches(self, token: str) -> bool:
         return hmac.compare_digest(hashlib.sha256(token.encode("ascii")).digest(), self._digest)
 
+    #: Telegram retries in order per chat: a refusal stalls the chat, so it is never shed first
+    sender_retries = False
+
+    def verify_headers(self, headers: Headers) -> None:
+        """The whole proof is a header: checked at the door, before the body is read."""
+        self.verify(headers, b"", 0.0)
+
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
         """Accept iff the secret-token header equals the secret (constant-time, through SHA-256 digests)."""
         value = required_header(headers, SECRET_HEADER)  # non-ASCII is rejected here, before encode

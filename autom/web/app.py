@@ -14,14 +14,17 @@ the process runs as ROLE=worker, ``intake`` (``POST /hooks/<source>``), ``admin`
 from __future__ import annotations
 
 import logging
+from typing import Any, cast
 
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge
 
+from autom.admission import Admission
 from autom.deps import Deps
 from autom.web.admin import admin_blueprint
 from autom.web.console import console_blueprint
+from autom.web.door import Door
 from autom.web.health import health_blueprint
 from autom.web.intake import intake_blueprint
 from autom.web.metrics_route import metrics_blueprint
@@ -57,7 +60,11 @@ def create_app(deps: Deps) -> QuartTrio:
     # A worker-only replica (ROLE=worker) serves its health and metrics and nothing
     # else: every other path is 404, so no webhook, admin or console call can land on it.
     if deps.settings.role != "worker":
-        app.register_blueprint(intake_blueprint(deps))
+        admission = Admission(deps)
+        app.extensions["autom.admission"] = admission  # serve_http runs its refresh beside hypercorn
+        # the door sits in front of Quart's own ASGI handling: it runs before the body is read
+        app.asgi_app = cast(Any, Door(cast(Any, app.asgi_app), admission))  # type: ignore[method-assign]
+        app.register_blueprint(intake_blueprint(deps, admission))
         app.register_blueprint(admin_blueprint(deps))
         app.register_blueprint(openapi_blueprint())
         app.register_blueprint(console_blueprint(deps))

@@ -10,7 +10,10 @@ written unless all pass:
 4. 400 the verified body is not UTF-8 text, or holds a NUL character
    (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
 5. 503 the database is unavailable, or refused to store it (a statement or lock
-   timeout: any database error; nothing was written);
+   timeout: any database error; nothing was written), or the backlog is full for
+   this sender; 429 a recipient of the delivery is at MAX_PENDING_PER_RECIPIENT
+   (both with Retry-After; autom/admission.py. The 429s of the per-client limits
+   come earlier, before the body is read: autom/web/door.py);
 6. 202 ``{"id": N, "jobs": K}``, or 202 ``{"duplicate": true}`` for a redelivery.
 
 The body is parsed into jobs *before* the database hop; storing it (the event,
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import trio
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from autom.admission import Admission
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
 from autom.events import StoreBatcher, encode_delivery
@@ -55,10 +59,10 @@ _PARSE_IN_THREAD_BYTES = 64 * 1024
 _DUPLICATE = {"duplicate": True}
 
 
-def intake_blueprint(deps: Deps) -> Blueprint:
-    """The blueprint serving ``POST /hooks/<source>`` for ``deps``."""
+def intake_blueprint(deps: Deps, admission: Admission | None = None) -> Blueprint:
+    """The blueprint serving ``POST /hooks/<source>`` for ``deps`` (``admission``: backlog and recipient caps)."""
     bp = Blueprint("intake", __name__)
-    intake = Intake(deps)
+    intake = Intake(deps, admission)
     bp.add_url_rule("/hooks/<source>", "hook", intake.receive, methods=["POST"])
     return bp
 
@@ -66,9 +70,10 @@ def intake_blueprint(deps: Deps) -> Blueprint:
 class Intake:
     """The webhook route and its bookkeeping (metrics, one log line per delivery)."""
 
-    def __init__(self, deps: Deps) -> None:
-        """Bind the route to ``deps`` (sources, database, metrics, doorbell)."""
+    def __init__(self, deps: Deps, admission: Admission | None = None) -> None:
+        """Bind the route to ``deps`` (sources, database, metrics, doorbell) and ``admission``."""
         self._deps = deps
+        self._admission = admission
         self._max_body = deps.settings.max_body_bytes
         self._batcher = StoreBatcher(deps.db)
 
@@ -102,8 +107,11 @@ class Intake:
 
         dedup_key, jobs, parse_error = await self._parse(src, headers, body, text)
         stored = {k: v for k, v in headers.items() if k not in src.secret_headers and k not in ALWAYS_SECRET_HEADERS}
-        params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
         try:
+            refusal = await self._admission_refusal(src, jobs)
+            if refusal is not None:
+                return refusal
+            params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
             event_id, created = await self._batcher.store(params)
         except DatabaseUnavailable as exc:
             self._deps.metrics.db_up.set(0)
@@ -123,6 +131,8 @@ class Intake:
             return json_response(202, _DUPLICATE)
 
         self._deps.metrics.events.labels(src.name, "accepted").inc()
+        if self._admission is not None:
+            self._admission.stored(jobs, created)
         if created:
             self._deps.doorbell.set()  # in-process workers wake now instead of at their next poll
         extra.update(event_id=event_id, outcome="accepted", count=created)
@@ -134,6 +144,17 @@ class Intake:
                 event_id, extra={**extra, "error": parse_error},
             )
         return json_response(202, {"id": event_id, "jobs": created})
+
+    async def _admission_refusal(self, src: Source, jobs: Sequence[NewJob]) -> Response | None:
+        """503 for a full backlog, 429 for a recipient at its cap (autom/admission.py), else None."""
+        if self._admission is None:
+            return None
+        refusal = self._admission.backlog_refusal(src) or await self._admission.recipient_refusal(jobs)
+        if refusal is None:
+            return None
+        self._admission.refuse(refusal.reason, src.name, refusal.message)
+        self._deps.metrics.events.labels(src.name, "rejected").inc()
+        return error_response(refusal.status, refusal.message, {"Retry-After": str(refusal.retry_after)})
 
     async def _parse(
         self, src: Source, headers: Headers, body: bytes, text: str

@@ -110,11 +110,13 @@ class DrainRequestBody:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = _RequestBody(receive, self.max_body_bytes, _content_length(scope["headers"]))
+        body = _RequestBody(receive, self.max_body_bytes, content_length(scope["headers"]))
 
         async def draining_send(message: ASGISendEvent) -> None:
-            if body.complete:
-                pass  # the common case: the app read the whole body
+            if body.complete or body.abandoned:
+                pass  # the common case: the app read the whole body (or closes the connection)
+            elif message["type"] == "http.response.start" and _closes(message.get("headers", ())):
+                body.abandoned = True  # the door refused it: not worth reading
             elif message["type"] == "http.response.start" and body.too_large():
                 message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
             elif (
@@ -132,7 +134,7 @@ class DrainRequestBody:
 class _RequestBody:
     """What has come of one request's body, through the ``receive`` the app is given."""
 
-    __slots__ = ("_reader", "_receive", "complete", "declared", "limit", "received")
+    __slots__ = ("_reader", "_receive", "abandoned", "complete", "declared", "limit", "received")
 
     def __init__(self, receive: ASGIReceiveCallable, limit: int, declared: int | None) -> None:
         self._receive = receive
@@ -141,6 +143,7 @@ class _RequestBody:
         self.declared = declared
         self.received = 0
         self.complete = False  # the last body message (or a disconnect) came
+        self.abandoned = False  # the answer closes the connection: the rest is not read
 
     async def receive(self) -> ASGIReceiveEvent:
         message = await self._receive()
@@ -173,7 +176,13 @@ class _RequestBody:
             self._reader.cancel()
 
 
-def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+def _closes(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether response headers say ``Connection: close``."""
+    return any(name.lower() == b"connection" and value.lower() == b"close" for name, value in headers)
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The request's declared Content-Length, or None (absent or malformed)."""
     for name, value in headers:
         if name.lower() == b"content-length":
             try:
@@ -219,13 +228,19 @@ async def serve_http(
     ``AddressInUse`` (before reporting started) when another process holds a bind.
     """
     config = hypercorn_config(deps.settings, binds, keep_alive_timeout=keep_alive_timeout)
+    # the app's admission (autom/admission.py) keeps its backlog estimate current while we serve
+    admission = getattr(app, "extensions", {}).get("autom.admission")
     try:
-        await serve(
-            DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes),
-            config,
-            shutdown_trigger=partial(deps.shutdown.wait_value, True),
-            task_status=task_status,
-        )
+        async with trio.open_nursery() as nursery:
+            if admission is not None:
+                await nursery.start(admission.run)
+            await serve(
+                DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes),
+                config,
+                shutdown_trigger=partial(deps.shutdown.wait_value, True),
+                task_status=task_status,
+            )
+            nursery.cancel_scope.cancel()
     except (OSError, BaseExceptionGroup) as exc:
         # hypercorn binds inside its nursery: the OSError arrives in an exception group
         if not _address_in_use(exc):

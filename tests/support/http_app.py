@@ -77,6 +77,8 @@ class RunningApp:
     url: str
     client: httpx.AsyncClient
     done: trio.Event
+    #: the served Quart app (its ``asgi_app`` is the door, autom/web/door.py)
+    app: Any = None
 
     @property
     def port(self) -> int:
@@ -117,7 +119,7 @@ async def running_app(
     async with trio.open_nursery() as nursery:
         urls: list[str] = await nursery.start(serve)
         async with httpx.AsyncClient(base_url=urls[0], timeout=10.0) as client:
-            yield RunningApp(deps=deps, url=urls[0], client=client, done=done)
+            yield RunningApp(deps=deps, url=urls[0], client=client, done=done, app=app)
         deps.shutdown.value = True
         nursery.cancel_scope.deadline = trio.current_time() + 10
 

@@ -1,0 +1,177 @@
+"""The door: admission checks that run before a webhook body is read (autom/admission.py).
+
+An ASGI middleware around Quart's ``asgi_app`` (``create_app`` installs it), so it
+runs after hypercorn has parsed the request head and before anything reads the
+body. Only ``POST /hooks/{source}`` is looked at, in CONTRACT.md's order:
+
+1. an unknown source passes on to Quart's 404 (counted as a failed delivery);
+2. a source whose whole proof is a header (``verify_headers``: Telegram's secret)
+   is checked now; a delivery it proves skips the per-address checks;
+3. otherwise: 429 for a client blocked for failing (more than 20 failures in
+   10 s), then 429 for a client over CLIENT_RATE (its token bucket);
+4. 413 for a declared Content-Length over MAX_BODY_BYTES; 401 for a failed header proof;
+5. the body is read here, within ``BODY_DEADLINE_SECONDS`` in total and at most
+   MAX_BODY_BYTES (408 or 413 otherwise), and handed to Quart as it came.
+
+Every refusal given here (429, 408, 413) closes the connection (``Connection:
+close``): the body stays unread, and a refused client pays for a new one. A 401
+keeps it, as the intake's does (serve.py's DrainRequestBody reads the bounded rest).
+Answers of the app with 401 or 404 count as failed deliveries of the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from autom.admission import BODY_DEADLINE_SECONDS, Admission, client_key, retry_after
+from autom.errors import VerificationError
+from autom.web.intake import request_headers
+from autom.web.serve import content_length
+
+# a delivery the door rejects gets the intake's own one log line
+intake_log = logging.getLogger("autom.intake")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+HOOKS = "/hooks/"
+
+
+class Door:
+    """ASGI middleware: the checks that run before a webhook body is read (module docstring).
+
+    Only ``POST /hooks/...`` is looked at; every other request passes untouched. A
+    refusal closes the connection (``Connection: close``) rather than read a body
+    nobody wants.
+    """
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], admission: Admission,
+                 body_deadline: float = BODY_DEADLINE_SECONDS) -> None:
+        """Wrap ``app`` (Quart's ``asgi_app``)."""
+        self.app = app
+        self.admission = admission
+        self.body_deadline = body_deadline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Admit, refuse, or read the body and pass the request on."""
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope.get("method") != "POST" or not path.startswith(HOOKS):
+            await self.app(scope, receive, send)
+            return
+        adm = self.admission
+        now = adm.clock()
+        raw_headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+        peer = scope.get("client")
+        forwarded = [v.decode("latin-1") for k, v in raw_headers if k.lower() == b"x-forwarded-for"] \
+            if adm.trusted else []
+        client = client_key(peer[0] if peer else None, forwarded, adm.trusted)
+        source = adm.sources.get(path[len(HOOKS):])
+        watched = _watch_failures(send, adm, client)
+        if source is None:
+            await self.app(scope, receive, watched)  # Quart's 404 (first in CONTRACT.md's order)
+            return
+
+        declared = content_length(raw_headers)
+        proof = getattr(source, "verify_headers", None)
+        proof_error: str | None = None
+        if proof is not None:
+            try:
+                proof(request_headers(raw_headers))
+            except VerificationError as exc:
+                proof_error = str(exc)
+        if proof is None or proof_error is not None:
+            blocked = adm.failing.blocked_for(client, now)
+            if blocked > 0:
+                adm.refuse("failing_client", source.name, f"client {client} keeps failing verification")
+                await _answer(send, 429, "too many failed deliveries, try again later", retry_after(blocked))
+                return
+            wait = adm.buckets.take(client, now)
+            if wait > 0:
+                adm.refuse("rate", source.name, f"client {client} is over CLIENT_RATE")
+                await _answer(send, 429, "too many requests, try again later", retry_after(wait))
+                return
+        if declared is not None and declared > adm.max_body:
+            await _answer(send, 413, f"body larger than {adm.max_body} bytes")
+            return
+        if proof_error is not None:
+            adm.failing.failed(client, now)
+            adm.deps.metrics.events.labels(source.name, "rejected").inc()
+            intake_log.info("webhook rejected (401): %s", proof_error,
+                     extra={"source": source.name, "outcome": "rejected", "error": proof_error})
+            # like the intake's 401, the connection is kept (serve.py drains the bounded rest)
+            await _answer(send, 401, "verification failed", close=False)
+            return
+
+        body = await self._read_body(receive, send, source.name)
+        if body is None:
+            return
+        await self.app(scope, _Replay(body, receive), watched)
+
+    async def _read_body(self, receive: Receive, send: Send, source: str) -> bytes | None:
+        """The whole body within the deadline and size cap, or None once answered (408, 413) or gone."""
+        adm = self.admission
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(self.body_deadline) as scope:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None  # http.disconnect: nobody to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > adm.max_body:
+                    await _answer(send, 413, f"body larger than {adm.max_body} bytes")
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        if scope.cancelled_caught:
+            adm.refuse("slow_body", source, f"a body took more than {self.body_deadline:g} s")
+            await _answer(send, 408, f"the body did not arrive within {self.body_deadline:g} s")
+        return None
+
+
+class _Replay:
+    """The ``receive`` the app gets: the body the door read, then the real channel (disconnect)."""
+
+    __slots__ = ("_body", "_receive")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: bytes | None = body
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await self._receive()
+
+
+def _watch_failures(send: Send, adm: Admission, client: str) -> Send:
+    """``send``, noting a 401 or 404 answer as a failed delivery of ``client``."""
+
+    async def watched(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") in (401, 404):
+            adm.failing.failed(client, adm.clock())
+        await send(message)
+
+    return watched
+
+
+async def _answer(send: Send, status: int, message: str, retry: int | None = None, *, close: bool = True) -> None:
+    """A JSON error answer of the door; with ``close`` the connection closes after it (the body stays unread)."""
+    body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    if retry is not None:
+        headers.append((b"retry-after", str(retry).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
