@@ -13,13 +13,15 @@ import logging
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
+from autom.checks import one_line
 from autom.config import REQUIRED_FOR_RUN, ROLES, Settings, setting_names
 from autom.errors import AddressInUse, AutomError, ConfigError, QueryError
 from autom.logs import configure_logging
@@ -240,12 +242,16 @@ def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
         from autom.telegram import open_telegram
 
         async with open_telegram(settings, log_only=False) as telegram:
+            # max_connections is Telegram's own throttle of its deliveries to us: the
+            # intake does not rate-limit Telegram by address (README, Admission)
             return await telegram.call(
                 "setWebhook", url=url, secret_token=secret, allowed_updates=["message"],
+                max_connections=settings.telegram_max_connections,
             )
 
     answer = trio.run(set_webhook)
-    print(f"webhook set to {url}: {answer.get('description') or 'ok'}")
+    print(f"webhook set to {url} (max_connections {settings.telegram_max_connections}): "
+          f"{answer.get('description') or 'ok'}")
     return 0
 
 
@@ -266,6 +272,66 @@ def help_epilog(reads: str, examples: Sequence[str]) -> str:
     lines += ["", "example:" if len(examples) == 1 else "examples:"]
     lines += [f"  {example}" for example in examples]
     return "\n".join(lines)
+
+
+def cmd_telegram_info(args: argparse.Namespace) -> int:
+    """``autom telegram info``: the bot (getMe) and its webhook (getWebhookInfo), readable."""
+    settings = _settings(["TELEGRAM_BOT_TOKEN"])
+
+    async def info() -> tuple[dict[str, Any], dict[str, Any]]:
+        from autom.telegram import open_telegram
+
+        async with open_telegram(settings, log_only=False) as telegram:
+            me = await telegram.call("getMe")
+            webhook = await telegram.call("getWebhookInfo")
+        return _result(me), _result(webhook)
+
+    me, webhook = trio.run(info)
+    print(telegram_info_text(me, webhook, time.time()))
+    return 0
+
+
+def _result(answer: dict[str, Any]) -> dict[str, Any]:
+    result = answer.get("result")
+    return result if isinstance(result, dict) else {}
+
+
+def telegram_info_text(me: Mapping[str, Any], webhook: Mapping[str, Any], now: float) -> str:
+    """getMe and getWebhookInfo as lines for people (``now``: for "N minutes ago")."""
+    name = f"@{me['username']}" if me.get("username") else str(me.get("first_name") or "?")
+    lines = [f"bot:              {name} (id {me.get('id', '?')})"]
+    url = webhook.get("url") or ""
+    lines.append(f"webhook:          {url or 'not set (autom telegram set-webhook URL registers one)'}")
+    lines.append(f"pending updates:  {int(webhook.get('pending_update_count') or 0)}")
+    if url:
+        lines.append(f"max connections:  {webhook.get('max_connections', '?')}")
+        allowed = webhook.get("allowed_updates")
+        lines.append(f"allowed updates:  {', '.join(map(str, allowed)) if allowed else 'all but chat_member'}")
+        if webhook.get("ip_address"):
+            lines.append(f"ip address:       {webhook['ip_address']}")
+    errors = 0
+    for label, date_key, message_key in (("last error:      ", "last_error_date", "last_error_message"),
+                                         ("last sync error: ", "last_synchronization_error_date", None)):
+        date = webhook.get(date_key)
+        if not isinstance(date, int | float) or isinstance(date, bool):
+            continue
+        when = datetime.fromtimestamp(date, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        ago = _ago(now - date)
+        message = one_line(str(webhook.get(message_key) or ""), 300) if message_key else ""
+        lines.append(f"{label} {when} ({ago}){': ' + message if message else ''}")
+        errors += 1
+    if not errors:
+        lines.append("last error:       none")
+    return "\n".join(lines)
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'' if n == 1 else 's'} ago"
+    return "just now"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -339,12 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
     set_webhook = add(
         "set-webhook", cmd_telegram_set_webhook,
         "register URL (https://your.host/hooks/telegram) as the bot's webhook, "
-        "with TELEGRAM_WEBHOOK_SECRET as its secret_token", parent=tg_sub,
-        reads=f"TELEGRAM_BOT_TOKEN, TELEGRAM_WEBHOOK_SECRET (required), TELEGRAM_API, HTTP_TIMEOUT_SECONDS, "
-              f"{_LOG_SETTINGS}",
+        "with TELEGRAM_WEBHOOK_SECRET as its secret_token and TELEGRAM_MAX_CONNECTIONS as its max_connections",
+        parent=tg_sub,
+        reads=f"TELEGRAM_BOT_TOKEN, TELEGRAM_WEBHOOK_SECRET (required), TELEGRAM_MAX_CONNECTIONS, TELEGRAM_API, "
+              f"HTTP_TIMEOUT_SECONDS, {_LOG_SETTINGS}",
         examples=["autom telegram set-webhook https://hooks.example.com/hooks/telegram"],
     )
     set_webhook.add_argument("url", metavar="URL")
+    add("info", cmd_telegram_info,
+        "print getMe and getWebhookInfo readably: the bot, the webhook URL, pending updates, "
+        "max_connections and the last error Telegram saw delivering to us", parent=tg_sub,
+        reads=f"TELEGRAM_BOT_TOKEN (required), TELEGRAM_API, HTTP_TIMEOUT_SECONDS, {_LOG_SETTINGS}",
+        examples=["autom telegram info"])
     return parser
 
 

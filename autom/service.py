@@ -42,6 +42,7 @@ from autom.deps import Deps
 from autom.handlers import Handler, default_handlers
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
+from autom.limits import SendLimiter
 from autom.schedule import DEFAULT_SCHEDULES, Schedule, process_zone
 from autom.sources import disabled_sources, enabled_sources
 from autom.telegram import open_telegram
@@ -126,6 +127,8 @@ async def run_service(
         if applied:
             log.info("applied %d migrations", len(applied))
         async with open_telegram(settings, log_only=telegram_log_only) as telegram:
+            if not telegram.log_only:  # Telegram's limits, shared with every replica (autom/limits.py)
+                telegram.limiter = SendLimiter.from_settings(db, settings)
             store = JobStore(
                 db,
                 lease_seconds=settings.job_lease_seconds,

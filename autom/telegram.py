@@ -33,12 +33,10 @@ import trio
 
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
-from autom.errors import ConfigError, JobError, PermanentError, Retry, TransientError
+from autom.errors import ConfigError, Defer, JobError, PermanentError, Retry, TransientError
+from autom.limits import MAX_TEXT, SendLimiter, split_text
 
 logger = logging.getLogger("autom.telegram")
-
-#: Telegram's limit on a message text (after entity parsing), in UTF-16 code units.
-MAX_TEXT = 4096
 
 #: What a call returns in log-only mode (``autom dev`` without a token).
 LOG_ONLY_RESULT: dict[str, Any] = {"message_id": 0, "log_only": True}
@@ -72,6 +70,8 @@ class TelegramClient:
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
+        #: Telegram's send limits shared by every replica (autom/limits.py); the service sets it
+        self.limiter: SendLimiter | None = None
         if self._token:
             _redact_token_in_httpx_logs(self._token)
 
@@ -126,14 +126,34 @@ class TelegramClient:
         return body
 
     async def send_message(self, chat_id: int | str, text: str, **extra: Any) -> dict[str, Any]:
-        """Send ``text`` to ``chat_id``; return the sent Message object.
+        """Send ``text`` to ``chat_id``; return the (last) sent Message object.
 
-        Texts over Telegram's 4096 limit are cut to fit, ending in "…", rather than refused:
-        a long reply is better than none. ``extra`` goes to the API as is (parse_mode,
-        reply_to_message_id, ...).
+        Texts over Telegram's 4096 limit are split into several messages, on line
+        boundaries where possible (``autom.limits.split_text``). ``extra`` goes to the
+        API as is (parse_mode, reply_to_message_id, ...). With a ``limiter`` (the
+        service sets one) the send waits for Telegram's limits by raising
+        ``autom.errors.Defer``, and a 429 holds the chat and defers too.
         """
-        body = await self.call("sendMessage", chat_id=chat_id, text=fit_text(text), **extra)
-        result = body.get("result")
+        return await self._send(chat_id, text, extra)
+
+    async def _send(self, chat_id: int | str, text: str, extra: dict[str, Any], *, priority: bool = False
+                    ) -> dict[str, Any]:
+        parts = split_text(text)
+        limiter = self.limiter
+        if limiter is not None:
+            await limiter.acquire(chat_id, parts=len(parts), priority=priority)
+        result: Any = None
+        for index, part in enumerate(parts):
+            if index and limiter is not None:
+                await trio.sleep(limiter.interval(chat_id))  # the parts' slots are taken: keep them spaced
+            try:
+                body = await self.call("sendMessage", chat_id=chat_id, text=part, **extra)
+            except Retry as exc:
+                if limiter is None:
+                    raise
+                await limiter.pushed(chat_id, exc.after)
+                raise Defer(f"{exc}; chat {chat_id} holds its sends", after=exc.after) from None
+            result = body.get("result")
         return result if isinstance(result, dict) else {"result": result}
 
     async def alert(self, text: str) -> bool:
@@ -158,11 +178,11 @@ class TelegramClient:
             logger.warning("alert (TELEGRAM_ALERT_CHAT_ID is not set, so only logged): %s", one_line(text))
             return AlertResult(True)
         try:
-            await self.send_message(self._alert_chat_id, text)
+            await self._send(self._alert_chat_id, text, {}, priority=True)  # alerts come first
         except Exception as exc:  # an alert must never take its caller down with it
             reason = str(exc) if isinstance(exc, JobError) else str(classify_exception(exc, "telegram alert"))
             logger.warning("alert not delivered (%s): %s", one_line(reason), one_line(text, 120))
-            return AlertResult(False, exc.after if isinstance(exc, Retry) else 0.0, one_line(reason, 200))
+            return AlertResult(False, exc.after if isinstance(exc, Retry | Defer) else 0.0, one_line(reason, 200))
         return AlertResult(True)
 
     def _log_call(self, method: str, params: dict[str, Any]) -> None:
@@ -190,27 +210,6 @@ async def open_telegram(settings: Settings, *, log_only: bool | None = None) -> 
     finally:
         with trio.CancelScope(shield=True):  # closing sockets must not be skipped by a cancel
             await client.aclose()
-
-
-def fit_text(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to at most ``limit`` UTF-16 code units, ending in "…" when cut.
-
-    Telegram counts UTF-16 units, so an emoji counts twice; cutting by code points alone
-    could still be refused. A surrogate pair is never split.
-    """
-    if len(text) <= limit // 2 or _utf16_len(text) <= limit:
-        return text
-    budget = limit - 1  # room for "…" (one unit)
-    used = 0
-    for index, char in enumerate(text):
-        used += 2 if ord(char) > 0xFFFF else 1
-        if used > budget:
-            return text[:index] + "…"
-    return text  # unreachable: the text was longer than the limit
-
-
-def _utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
 
 
 @dataclass(frozen=True)
@@ -260,6 +259,6 @@ __all__ = [
     "MAX_TEXT",
     "AlertResult",
     "TelegramClient",
-    "fit_text",
     "open_telegram",
+    "split_text",
 ]

@@ -4,7 +4,8 @@ Deletes, in small batches so no statement holds locks for long: done jobs older
 than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
 (pending, running or failed) job references; lock rows of recipients with
 nothing queued; alerts sent more than RETAIN_DONE_DAYS ago (unsent ones wait to
-be sent). Failed jobs are kept until retried or deleted by hand. Jobs with
+be sent); Telegram send-limit rows of chats quiet for an hour (autom/limits.py).
+Failed jobs are kept until retried or deleted by hand. Jobs with
 a key are kept at least ``KEY_KEEP_SECONDS`` so a schedule slot cannot be
 enqueued twice. Rerun-safe: deleting what is already gone deletes nothing.
 """
@@ -55,5 +56,6 @@ async def handle(ctx: HandlerContext, job: Job) -> None:
     recipients = await _prune(ctx, Q.prune_recipients, {})
     alerts = await _prune(ctx, Q.prune_sent_alerts, {"keep_seconds": settings.retain_done_days * 86400})
     await _prune(ctx, Q.prune_intake_commits, {})
+    await _prune(ctx, Q.prune_telegram_chats, {})  # send-limit rows of chats long quiet
     log.info("pruned %d done jobs, %d events, %d idle recipients, %d sent alerts", jobs, events, recipients, alerts,
              extra={"job_id": job.id, "kind": job.kind})

@@ -1,6 +1,8 @@
-"""``telegram.message``: answer ``/ping`` with ``pong`` in the same chat; other messages are logged.
+"""``telegram.message``: answer ``/ping`` with ``pong`` and ``/chatid`` with the chat's id; log the rest.
 
-Rerun-safe: answering twice would send two ``pong`` messages, which is harmless.
+``/chatid`` is how an operator finds the id to put in TELEGRAM_ALERT_CHAT_ID: add the
+bot to the chat (a group has a negative id) and send it there.
+Rerun-safe: answering twice would send two answers, which is harmless.
 """
 
 from __future__ import annotations
@@ -23,14 +25,23 @@ def _command(text: str) -> str:
     return first.split("@", 1)[0].lower()
 
 
+def chatid_text(chat_id: object) -> str:
+    """The answer to ``/chatid``."""
+    return f"This chat's id is {chat_id} (TELEGRAM_ALERT_CHAT_ID={chat_id} sends autom's alerts here)"
+
+
 async def handle(ctx: HandlerContext, job: Job) -> None:
-    """Reply ``pong`` to ``/ping``."""
+    """Reply ``pong`` to ``/ping`` and the chat's id to ``/chatid``."""
     chat_id = job.payload.get("chat_id")
     text = job.payload.get("text") or ""
     if chat_id is None:
         raise PermanentError("telegram.message payload has no chat_id")
-    if _command(str(text)) == "/ping":
+    command = _command(str(text))
+    if command == "/ping":
         await ctx.telegram.send_message(chat_id, "pong")
         log.info("answered /ping", extra={"job_id": job.id, "kind": job.kind, "recipient": str(chat_id)})
+    elif command == "/chatid":
+        await ctx.telegram.send_message(chat_id, chatid_text(chat_id))
+        log.info("answered /chatid", extra={"job_id": job.id, "kind": job.kind, "recipient": str(chat_id)})
     else:
         log.info("message received", extra={"job_id": job.id, "kind": job.kind, "recipient": str(chat_id)})

@@ -1,10 +1,11 @@
-"""``autom failed / retry / replay / telegram set-webhook`` through the real command."""
+"""``autom failed / retry / replay / telegram set-webhook / telegram info`` through the real command."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 
 import trio
 
@@ -13,6 +14,7 @@ from autom.jobs.store import JobStore
 from tests.support.pg import with_lock_timeout
 from tests.support.proc import AUTOM, clean_env, run_autom
 from tests.support.service import SITE_SECRET, TG_SECRET
+from tests.support.telegram_stub import Reply
 
 
 def env_for(dsn: str, **extra: str) -> dict[str, str]:
@@ -315,3 +317,47 @@ async def test_set_webhook_validates_secret_and_url(tmp_path):
     assert plain.returncode == 1 and "https://" in plain.stderr
     missing = await autom("telegram", "set-webhook", env=env, cwd=tmp_path)
     assert missing.returncode == 2
+
+
+async def test_set_webhook_registers_max_connections(telegram_stub, tmp_path):
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_WEBHOOK_SECRET=TG_SECRET, TELEGRAM_API=telegram_stub.url,
+                    TELEGRAM_MAX_CONNECTIONS="7")
+    result = await autom("telegram", "set-webhook", "https://hooks.example.com", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert telegram_stub.calls_of("setWebhook")[0].params["max_connections"] == 7
+    assert "max_connections 7" in result.stdout
+    env["TELEGRAM_MAX_CONNECTIONS"] = "101"
+    result = await autom("telegram", "set-webhook", "https://hooks.example.com", env=env, cwd=tmp_path)
+    assert result.returncode == 1 and "TELEGRAM_MAX_CONNECTIONS must be between 1 and 100" in result.stderr
+
+
+async def test_telegram_info_prints_the_bot_and_its_webhook(telegram_stub, tmp_path):
+    telegram_stub.plan("getWebhookInfo", [Reply(result={
+        "url": "https://hooks.example.com/hooks/telegram", "has_custom_certificate": False,
+        "pending_update_count": 17, "max_connections": 40, "allowed_updates": ["message"],
+        "last_error_date": int(time.time()) - 300,
+        "last_error_message": "Wrong response from the webhook: 500 Internal Server Error",
+    })])
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_API=telegram_stub.url)
+    result = await autom("telegram", "info", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "@autom_stub_bot (id 1)" in out
+    assert "webhook:          https://hooks.example.com/hooks/telegram" in out
+    assert "pending updates:  17" in out and "max connections:  40" in out
+    assert "(5 minutes ago): Wrong response from the webhook: 500 Internal Server Error" in out
+    assert "42:ABC" not in out + result.stderr
+
+
+async def test_telegram_info_without_a_webhook_and_with_a_wrong_token(telegram_stub, tmp_path):
+    env = clean_env(TELEGRAM_BOT_TOKEN="42:ABC", TELEGRAM_API=telegram_stub.url)
+    telegram_stub.plan("getWebhookInfo", [Reply(result={"url": "", "pending_update_count": 3})])
+    result = await autom("telegram", "info", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "webhook:          not set" in result.stdout and "last error:       none" in result.stdout
+    telegram_stub.plan("getMe", [Reply(status=401, description="Unauthorized")])
+    result = await autom("telegram", "info", env=env, cwd=tmp_path)
+    assert result.returncode == 1 and "Unauthorized" in result.stderr and "Traceback" not in result.stderr
+    assert "42:ABC" not in result.stderr
+    missing = await autom("telegram", "info", env=clean_env(), cwd=tmp_path)
+    assert missing.returncode == 1 and "TELEGRAM_BOT_TOKEN" in missing.stderr

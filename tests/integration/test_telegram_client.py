@@ -213,14 +213,17 @@ async def test_odd_shaped_token_is_redacted_in_httpx_logs_too(
     assert odd not in caplog.text
 
 
-async def test_long_text_is_cut_to_4096(client: TelegramClient, telegram_stub: TelegramStub) -> None:  # noqa: F811
+async def test_long_text_is_split_into_messages_of_4096(client: TelegramClient, telegram_stub: TelegramStub) -> None:  # noqa: F811
     await client.send_message(42, "x" * 10_000)
     await client.send_message(42, "y" * MAX_TEXT)
     await client.send_message(42, "😀" * 3000)  # 6000 UTF-16 units
-    cut, exact, emoji = (m["text"] for m in telegram_stub.messages(42))
-    assert len(cut) == MAX_TEXT and cut.endswith("x…")
-    assert exact == "y" * MAX_TEXT
-    assert len(emoji.encode("utf-16-le")) // 2 <= MAX_TEXT and emoji.endswith("😀…")
+    texts = [m["text"] for m in telegram_stub.messages(42)]
+    assert [len(t) for t in texts[:3]] == [MAX_TEXT, MAX_TEXT, 10_000 - 2 * MAX_TEXT]
+    assert "".join(texts[:3]) == "x" * 10_000
+    assert texts[3] == "y" * MAX_TEXT
+    emoji = texts[4:]
+    assert len(emoji) == 2 and "".join(emoji) == "😀" * 3000
+    assert all(len(t.encode("utf-16-le")) // 2 <= MAX_TEXT for t in emoji)
 
 
 async def test_alert_goes_to_the_alert_chat(client: TelegramClient, telegram_stub: TelegramStub) -> None:  # noqa: F811

@@ -1,0 +1,130 @@
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009).
+
+Telegram allows about one message a second per chat, twenty a minute per group and
+about thirty a second per bot; beyond that it answers 429 with a ``retry_after``
+(research/admission.md §2). A limiter per process, as the Python libraries have,
+lets N replicas send N times that. ``SendLimiter`` keeps the state in the database:
+
+* per chat, the earliest time of its next message: TELEGRAM_CHAT_RATE per second
+  with no burst; a group chat (negative id) also at most ``GROUP_PER_MINUTE`` a
+  minute, spaced evenly;
+* for the bot, one budget of TELEGRAM_GLOBAL_RATE per second (a GCRA, burst at most
+  the rate), of which the last slot of a burst is kept for alerts (``priority``).
+  Alerts also skip their chat's spacing: the alert sender's throttle (a few a
+  minute, then one summary) spaces them already, and it waits out a 429 itself.
+
+``acquire`` takes the right to send now in one statement, or raises
+``autom.errors.Defer(after=s)``: the worker puts the job back for ``s`` seconds with
+its attempt given back. No worker sleeps waiting for a limit. ``pushed`` records a
+429: that chat waits ``retry_after`` (in every replica), and ``FLOOD_THRESHOLD`` 429s
+within ``FLOOD_WINDOW`` seconds pause every send for that long (Telegram's limit on
+the bot itself was hit, whatever our settings say).
+
+A long text is split (``split_text``) into parts of at most 4,096 UTF-16 units; the
+parts of one message are acquired together, so they go out in order, one chat
+interval apart (the job holds its worker for those few seconds: a half-sent message
+deferred between parts would repeat its first part).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from autom.db.queries import Q
+from autom.errors import Defer
+
+if TYPE_CHECKING:
+    from autom.config import Settings
+    from autom.db.bridge import Database
+
+log = logging.getLogger("autom.telegram")
+
+#: Telegram's limit for a group chat.
+GROUP_PER_MINUTE = 20
+#: This many 429s within ``FLOOD_WINDOW`` seconds pause all sends.
+FLOOD_THRESHOLD = 3
+FLOOD_WINDOW = 10.0
+#: Telegram's limit on a message text, in UTF-16 code units.
+MAX_TEXT = 4096
+
+
+class SendLimiter:
+    """The send limits of one bot, shared through ``db`` by every replica (module docstring)."""
+
+    def __init__(self, db: Database, *, chat_rate: float, global_rate: float) -> None:
+        """``chat_rate`` and ``global_rate`` in sends per second (TELEGRAM_CHAT_RATE, TELEGRAM_GLOBAL_RATE)."""
+        self._db = db
+        self.chat_interval = 1.0 / chat_rate
+        self.group_interval = max(self.chat_interval, 60.0 / GROUP_PER_MINUTE)
+        self.global_interval = 1.0 / global_rate
+        self.burst = max(1.0, global_rate)
+
+    @classmethod
+    def from_settings(cls, db: Database, settings: Settings) -> SendLimiter:
+        """The limiter for TELEGRAM_CHAT_RATE and TELEGRAM_GLOBAL_RATE."""
+        return cls(db, chat_rate=settings.telegram_chat_rate, global_rate=settings.telegram_global_rate)
+
+    def interval(self, chat_id: int | str) -> float:
+        """Seconds between two messages to ``chat_id`` (group chats have negative ids)."""
+        return self.group_interval if str(chat_id).startswith("-") else self.chat_interval
+
+    async def acquire(self, chat_id: int | str, *, parts: int = 1, priority: bool = False) -> None:
+        """Take the right to send ``parts`` messages to ``chat_id`` now, or raise ``Defer``."""
+        wait = await self._db.fetch_val(Q.telegram_acquire, {
+            "chat": str(chat_id), "parts": max(1, parts), "chat_interval": self.interval(chat_id),
+            "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
+        }, prepare=True)
+        if wait:
+            raise Defer(f"telegram: chat {chat_id} must wait {float(wait):.2f}s for its send limit",
+                        after=float(wait))
+
+    async def pushed(self, chat_id: int | str, retry_after: float) -> None:
+        """Telegram answered ``chat_id`` with 429 and ``retry_after``: hold its sends (all replicas)."""
+        paused = await self._db.fetch_val(Q.telegram_pushed, {
+            "chat": str(chat_id), "after": max(0.0, retry_after),
+            "threshold": FLOOD_THRESHOLD, "window": FLOOD_WINDOW,
+        })
+        if paused:
+            log.warning("telegram answered 429 to several chats at once: all sends pause for %.0fs",
+                        retry_after, extra={"delay_s": retry_after})
+
+
+def split_text(text: str, limit: int = MAX_TEXT) -> list[str]:
+    """``text`` in parts of at most ``limit`` UTF-16 code units, cut after a line where possible.
+
+    Telegram counts UTF-16 units (an emoji counts twice); a surrogate pair is never
+    split. A part ends at the last line break that fits, else at the last space, else
+    wherever the limit falls. Nothing is lost: the parts joined are the text.
+    """
+    if _units(text) <= limit:
+        return [text]
+    parts: list[str] = []
+    rest = text
+    while _units(rest) > limit:
+        end = _fit(rest, limit)  # characters that fit
+        cut = rest.rfind("\n", 0, end) + 1
+        if cut <= end // 2:  # no line break in the second half: try a space
+            cut = rest.rfind(" ", 0, end) + 1
+        if cut <= end // 2:
+            cut = end
+        parts.append(rest[:cut])
+        rest = rest[cut:]
+    if rest:
+        parts.append(rest)
+    return parts
+
+
+def _fit(text: str, limit: int) -> int:
+    """How many characters of ``text`` fit in ``limit`` UTF-16 units."""
+    used = 0
+    for index, char in enumerate(text):
+        used += 2 if ord(char) > 0xFFFF else 1
+        if used > limit:
+            return index
+    return len(text)
+
+
+def _units(text: str) -> int:
+    """``text``'s length in UTF-16 code units, as Telegram counts it."""
+    return len(text.encode("utf-16-le")) // 2

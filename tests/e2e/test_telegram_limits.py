@@ -1,0 +1,111 @@
+"""Telegram's limits in the real ``autom run`` against the Telegram stub (CONTRACT.md, "Telegram").
+
+Waiting for a limit is a deferral, not a failure: each job below ends ``done`` with
+``attempts = 1``. Times are the stub's arrival times; only lower bounds on spacing are
+asserted (a slow machine spaces sends further apart, never closer).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.support.processes import autom_processes
+from tests.support.service import TG_SECRET, post_telegram, telegram_update, wait_until
+from tests.support.telegram_stub import Reply, TelegramStub
+
+
+async def _done(db: Any, n: int) -> bool:
+    return int(await db.fetch_val("select count(*) from jobs where kind = 'telegram.message' and status = 'done'")) >= n
+
+
+async def test_a_chats_quick_pongs_are_spaced_by_its_rate_and_each_takes_one_attempt(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, TELEGRAM_CHAT_RATE="2")
+        async with httpx.AsyncClient(base_url=proc.url) as client:
+            for update_id in range(1, 6):
+                assert (await post_telegram(client, telegram_update(update_id, 42, "/ping"))).status_code == 202
+        with trio.fail_after(30):
+            calls = await telegram_stub.wait_for_calls(5, method="sendMessage", chat_id=42)
+        await wait_until(lambda: _done(db, 5), timeout=10)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    assert [c.params["text"] for c in calls] == ["pong"] * 5
+    gaps = [b.time - a.time for a, b in itertools.pairwise(calls)]
+    assert calls[-1].time - calls[0].time >= 4 * 0.5 - 0.3, gaps  # 2 a second, no burst
+    attempts = await db.fetch_all("select attempts, status from jobs where kind = 'telegram.message'")
+    assert attempts == [{"attempts": 1, "status": "done"}] * 5
+
+
+async def test_a_429_with_retry_after_pauses_that_chat_only(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    telegram_stub.plan("sendMessage", [Reply(status=429, retry_after=3)], chat_id=42)
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url)
+        async with httpx.AsyncClient(base_url=proc.url) as client:
+            await post_telegram(client, telegram_update(1, 42, "/ping"))
+            with trio.fail_after(15):
+                refused = (await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=42))[0]
+            await post_telegram(client, telegram_update(2, 43, "/ping"))
+            with trio.fail_after(15):
+                other = (await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=43))[0]
+            with trio.fail_after(20):
+                calls = await telegram_stub.wait_for_calls(2, method="sendMessage", chat_id=42)
+        await wait_until(lambda: _done(db, 2), timeout=10)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    assert other.time - refused.time < 3  # chat 43 did not wait for chat 42's pause
+    assert calls[1].time - refused.time >= 3 - 0.3  # chat 42 waited its retry_after
+    rows = await db.fetch_all(
+        "select recipient, attempts, status from jobs where kind = 'telegram.message' order by recipient")
+    assert rows == [{"recipient": "42", "attempts": 1, "status": "done"},
+                    {"recipient": "43", "attempts": 1, "status": "done"}]
+
+
+async def test_two_replicas_together_stay_under_the_global_rate(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    rate, messages = 4, 16
+    async with autom_processes(tmp_path) as procs:
+        settings = {"TELEGRAM_GLOBAL_RATE": str(rate), "WORKERS": "8"}
+        replicas = [await procs.start(dsn=dsn, telegram_url=telegram_stub.url, **settings) for _ in range(2)]
+        async with httpx.AsyncClient() as client:
+            for n in range(messages):  # one chat each: only the global budget holds them back
+                url = replicas[n % 2].url + "/hooks/telegram"
+                body = telegram_update(n + 1, 1000 + n, "/ping")
+                response = await client.post(url, json=body, headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET})
+                assert response.status_code == 202
+        with trio.fail_after(40):
+            calls = await telegram_stub.wait_for_calls(messages, method="sendMessage")
+        await wait_until(lambda: _done(db, messages), timeout=10)
+        for proc in replicas:
+            proc.terminate()
+        for proc in replicas:
+            assert await proc.wait(timeout=20) == 0
+    pongs = sorted(c.time for c in calls if c.params["text"] == "pong")
+    assert len(pongs) == messages
+    # GCRA: a burst of at most `rate`, then `rate` a second, across both replicas together
+    assert pongs[-1] - pongs[0] >= (messages - rate) / rate - 0.5
+    attempts = await db.fetch_all("select distinct attempts from jobs where kind = 'telegram.message'")
+    assert attempts == [{"attempts": 1}]
+
+
+async def test_chatid_is_answered_with_the_chats_id(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url)
+        async with httpx.AsyncClient(base_url=proc.url) as client:
+            await post_telegram(client, telegram_update(1, -100555, "/chatid@autom_stub_bot"))
+        with trio.fail_after(15):
+            (call,) = await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=-100555)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    assert call.params["text"].startswith("This chat's id is -100555")
