@@ -49,6 +49,8 @@ _UNAUTHORIZED = _error(
     {"WWW-Authenticate": {"required": True, "schema": {"type": "string", "const": "Bearer"}}},
 )
 _UNAVAILABLE = _error("The database is unavailable.")
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                "schema": {"type": "integer", "minimum": 1}}}
 _BAD_ID = _error("The id is not a positive integer that fits a bigint, or a query parameter was given.")
 _SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
 _NO_QUERY = _error("This route takes no query parameter.")
@@ -329,8 +331,11 @@ _PATHS: dict[str, Any] = {
             "summary": "Receive a webhook delivery",
             "description": (
                 "Checked in this order, and nothing is written unless all pass: 404 unknown or disabled "
-                "source; 413 body larger than MAX_BODY_BYTES; 401 the source's verification failed; 400 a "
-                "verified body that is not UTF-8 text (or holds NUL); 503 database down. Otherwise 202: "
+                "source; 429 the client is over CLIENT_RATE or keeps failing verification (before the body "
+                "is read); 413 body larger than MAX_BODY_BYTES; 401 the source's verification failed; 400 a "
+                "verified body that is not UTF-8 text (or holds NUL); 503 database down, or the backlog is "
+                "full for this sender; 429 the delivery's recipient is at MAX_PENDING_PER_RECIPIENT. "
+                "429 and 503 carry Retry-After (whole seconds). Otherwise 202: "
                 "the event and its jobs are stored in one transaction. A verified body that does not "
                 "parse is stored with no jobs (replayable)."
             ),
@@ -359,7 +364,10 @@ _PATHS: dict[str, Any] = {
                 "404": _error("Unknown or disabled source."),
                 "408": _error("The body did not arrive in time."),
                 "413": _error("The body is larger than MAX_BODY_BYTES."),
-                "503": _UNAVAILABLE,
+                "429": _error("Too many requests from this client, too many failed deliveries from it, or too "
+                              "many unfinished jobs for the delivery's recipient.", _RETRY_AFTER),
+                "503": _error("The database is unavailable, or the backlog of unfinished jobs is full for "
+                              "this sender.", _RETRY_AFTER),
             },
         },
     },
