@@ -1013,11 +1013,18 @@ def why_claim_ended(
     """Why a claim that did not finish its job ended: the cause of the run after it."""
     owner = incs.get(claim["by_inc"] or "")
     if end is not None and end["new_status"] == "pending":
-        if end["new_attempts"] == end["old_attempts"] - 1:  # release_many: put back at shutdown
+        if end["new_attempts"] == end["old_attempts"] - 1:  # the attempt given back
             if owner is not None and owner.signalled == "TERM" and owner.signalled_at is not None \
                     and owner.signalled_at <= end["at"] + 0.1:
-                return "cancelled by SIGTERM"
-            return "UNEXPLAINED: released without a SIGTERM"
+                return "cancelled by SIGTERM"  # release_many: put back at shutdown
+            # Telegram's limits defer a send (autom/limits.py): after a 429, or before any call
+            # while the chat's or the bot's budget is spent
+            kinds = {k for _, k in calls}
+            if kinds == {"429"}:
+                return "deferred after 429"
+            if not calls:
+                return "deferred by the send limit"
+            return f"UNEXPLAINED: attempt given back after {kinds}"
         error = str(end["last_error"] or "")
         kinds = {k for _, k in calls}
         if "429" in error or error.startswith("Retry"):
