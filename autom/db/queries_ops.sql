@@ -74,6 +74,12 @@ with c as (
     returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
               recipient, payload, created_at, updated_at, finished_at
 ),
+-- a cancelled head of its recipient's line (one waiting for its retry, say) lets the
+-- next job run now: the claim may have retired the recipient until that retry
+line as (
+    update recipients r set next_due_at = least(r.next_due_at, now()), ver = r.ver + 1
+      from c where r.recipient = c.recipient
+),
 wake as (select pg_notify('autom_jobs', '') from c)
 select c.* from c, (select count(*) from wake) w;
 

@@ -303,3 +303,18 @@ async def test_a_deferred_job_keeps_its_place_in_its_recipients_line(db):
     assert (again.id, again.attempts) == (first, 1)
     await store.complete(again)
     assert [j.id for j in await store.claim(10)] == [second]
+
+
+async def test_cancelling_a_head_waiting_for_its_retry_lets_its_recipients_line_move_on(db):
+    """A cancelled job counts as finished for the order (CONTRACT.md): the next job of its
+    recipient runs at once, not when the cancelled one's retry would have been due."""
+    from autom.ops import Operations
+
+    store = make_store(db, base=60, cap=60)
+    first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
+    [head] = await store.claim(10)
+    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
+    assert await store.claim(10) == []  # the line waits for the retry (a minute away) ...
+    assert await store.claim(10) == []  # ... also once the claim has retired the recipient
+    await Operations(db).cancel_job(first)
+    assert [j.id for j in await store.claim(10)] == [second]
