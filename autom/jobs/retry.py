@@ -60,5 +60,6 @@ def describe(error: BaseException | str, limit: int = 2000) -> str:
     else:
         message = str(error)
         text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    text = " ".join(text.split())
+    # PostgreSQL text cannot hold NUL: an error message with one would make its write fail
+    text = " ".join(text.replace("\x00", "\ufffd").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import trio
 
 from autom.bells import Doorbell
+from autom.errors import QueryError
 from autom.jobs.retry import describe
 from autom.jobs.store import Settle, Settled
 
@@ -108,6 +109,10 @@ class Hooks(Protocol):
         """A flush ended; ``freed``: a recipient it freed has its next job due now."""
         ...
 
+    def dropped(self, outcome: Outcome) -> None:
+        """``outcome`` could not be written and never will be: forget its run."""
+        ...
+
 
 class Completer:
     """Writes outcomes in batches and renews leases between them; see the module docstring.
@@ -129,6 +134,7 @@ class Completer:
         self._flushing = trio.Lock()
         self.flushes = 0
         self.renewals = 0
+        self._renew_failing = False
 
     def report(self, outcome: Outcome) -> None:
         """Queue ``outcome`` for writing (the runner is free at once)."""
@@ -176,8 +182,15 @@ class Completer:
             with trio.fail_after(max(self._renew_every, 1.0)):
                 held = await self._store.renew([r.job for r in runs])
         except (Exception, trio.TooSlowError) as exc:
-            log.warning("could not renew %d leases: %s", len(runs), describe(exc))
+            # tried again every 0.5 s while it fails: one warning per outage, not two a second
+            log.log(logging.DEBUG if self._renew_failing else logging.WARNING,
+                    "could not renew %d leases (runs past their local deadline are stopped): %s",
+                    len(runs), describe(exc))
+            self._renew_failing = True
             return False
+        if self._renew_failing:
+            log.info("leases renewed again")
+            self._renew_failing = False
         self.renewals += 1
         for run in runs:
             if run.job.id in held:
@@ -193,26 +206,67 @@ class Completer:
     async def _flush_now(self) -> None:
         batch = self._pending
         self._pending = []
+        # two statements: "done" for every completion, settle_many for the rest; each
+        # group is written (and reported) on its own, so a failure of the second does
+        # not put the first back to be written twice
+        groups = [g for g in ([o for o in batch if o.status == "done"],
+                              [o for o in batch if o.status != "done"]) if g]
+        freed = False
         try:
-            done = [o for o in batch if o.status == "done"]
-            other = [o for o in batch if o.status != "done"]
-            held: set[int] = set()
-            more = False
-            if done:
-                held, more = await self._store.complete_batch([o.run.job for o in done])
-            settled: dict[int, Settled] = {}
-            if other:
-                settled = await self._store.settle_many([o.settle for o in other if o.settle is not None])
-        except BaseException:
-            self._pending[:0] = batch  # not written: try again (a cancel at shutdown keeps them too)
-            raise
+            for index, group in enumerate(groups):
+                try:
+                    freed |= await self._write_group(group)
+                except BaseException:
+                    self._pending[:0] = [o for g in groups[index:] for o in g]
+                    raise
+        finally:
+            self._hooks.flushed(freed)  # what was written may have freed a recipient, even so
         self.flushes += 1
-        for o in done:
-            self._hooks.written(o, _DONE if o.run.job.id in held else None)
-        for o in other:
+
+    async def _write_group(self, group: list[Outcome]) -> bool:
+        """Write ``group`` in one statement; if PostgreSQL refuses it for good (one outcome
+        poisons it), one by one, dropping only the refused ones. Raises (nothing written of
+        what is left) on any other error. Returns whether it freed a recipient."""
+        try:
+            return await self._write(group)
+        except QueryError as exc:
+            if exc.transient:
+                raise
+            if len(group) == 1:
+                self._drop(group[0], exc)
+                return False
+        freed = False
+        for index, outcome in enumerate(group):
+            try:
+                freed |= await self._write([outcome])
+            except QueryError as exc:
+                if exc.transient:
+                    del group[:index]  # written already: the caller puts back the rest
+                    raise
+                self._drop(outcome, exc)
+            except BaseException:
+                del group[:index]
+                raise
+        return freed
+
+    async def _write(self, group: list[Outcome]) -> bool:
+        """Write outcomes of one kind (all "done", or none) and report them to the pool."""
+        if group[0].status == "done":
+            held, more = await self._store.complete_batch([o.run.job for o in group])
+            for o in group:
+                self._hooks.written(o, _DONE if o.run.job.id in held else None)
+            return more
+        settled = await self._store.settle_many([o.settle for o in group if o.settle is not None])
+        for o in group:
             self._hooks.written(o, settled.get(o.run.job.id))
         # a failed or waiting job freed its recipient too (its next job may be due)
-        self._hooks.flushed(more or any(o.run.job.recipient is not None for o in other))
+        return any(o.run.job.recipient is not None for o in group)
+
+    def _drop(self, outcome: Outcome, exc: QueryError) -> None:
+        job = outcome.run.job
+        log.error("could not record the %s of job %d (SQLSTATE %s); it runs again when its lease runs out",
+                  outcome.status, job.id, exc.sqlstate or "none", extra={"job_id": job.id, "kind": job.kind})
+        self._hooks.dropped(outcome)
 
     async def drain(self) -> None:
         """Write what is still pending (shielded, bounded): called once at shutdown."""

@@ -396,6 +396,13 @@ class WorkerPool:
             else:
                 log.info("job deferred for %.1fs: %s", delay, error, extra={**context, "delay_s": round(delay, 3)})
 
+    def dropped(self, outcome: Outcome) -> None:
+        """The writer gave up on ``outcome`` (the database refuses it): forget the run; its
+        lease runs out and the job is claimed again."""
+        outcome.run.state = "lost"
+        outcome.run.lost = True
+        self._forget(outcome.run)
+
     def flushed(self, freed: bool) -> None:
         """A flush freed a recipient whose next job may be due: the fetcher may claim it now."""
         if freed:

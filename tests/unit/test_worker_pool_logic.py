@@ -250,3 +250,31 @@ async def test_every_outcome_goes_to_the_one_writer(autojump_clock: Any) -> None
     assert outcomes["nobody"] == ("failed", "no handler for kind 'nobody'", 0.0)
     # the failures for good rang the alert sender, the retry and the deferral did not
     assert sorted(pool.deps.alert_bell.take()) == [3, 5]
+
+
+async def test_an_outcome_the_database_refuses_does_not_hold_up_the_others(autojump_clock: Any) -> None:
+    """One outcome PostgreSQL refuses for good (a QueryError that is not transient) must
+    not block every later outcome behind it: the writer falls back to one at a time and
+    drops only that one (its job runs again after its lease)."""
+    from autom.errors import QueryError
+
+    class Picky(MemoryStore):
+        async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
+            if any(i.job.kind == "poison" for i in items):
+                raise QueryError("DataError (SQLSTATE 22021): invalid byte sequence", sqlstate="22021")
+            return await super().settle_many(items)
+
+    store = Picky()
+    store.add(1, kind="poison")
+    store.add(3, kind="flaky")
+
+    async def fail(ctx: Any, job: Job) -> None:
+        raise RuntimeError("502")
+
+    pool = make_pool(store, {"poison": fail, "flaky": fail})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.settled) == 3)
+        pool.deps.shutdown.value = True
+    assert sorted(s.job.kind for s in store.settled) == ["flaky"] * 3
+    assert pool.completer.pending == 0
