@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,28 +20,14 @@ import pytest
 import trio
 from psycopg.rows import dict_row
 
-from tests.support.processes import AutomProcess, AutomProcesses, autom_processes
+from tests.support.processes import AutomProcess, AutomProcesses
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import post_telegram, telegram_update, wait_until
-from tests.support.telegram_stub import Reply, TelegramStub, running_stub
+from tests.support.telegram_stub import Reply, TelegramStub
 
 JOB_COLUMNS = "id, status, attempts, lease, last_error, recipient"
 # "within about a second" (README, Health and metrics), with room for a loaded machine running several processes
 QUICK = 2.0
-
-
-@pytest.fixture
-async def stub() -> AsyncIterator[TelegramStub]:
-    """The Telegram API of every process of the test (tests.support.fixtures_telegram's, by a short name)."""
-    async with running_stub() as telegram:
-        yield telegram
-
-
-@pytest.fixture
-async def procs(tmp_path: Path, stub: TelegramStub) -> AsyncIterator[AutomProcesses]:
-    """Starts ``autom run`` processes; kills what still runs after the test (before ``stub`` stops)."""
-    async with autom_processes(tmp_path) as started:
-        yield started
 
 
 async def start_replicas(

@@ -9,28 +9,13 @@ from the database, the Telegram stub's recorded calls and each process's log.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.support.processes import AutomProcess, AutomProcesses, autom_processes
+from tests.support.processes import AutomProcess, AutomProcesses
 from tests.support.service import ADMIN_TOKEN, post_telegram, telegram_update, wait_until
-from tests.support.telegram_stub import TelegramStub, running_stub
-
-
-@pytest.fixture
-async def stub() -> AsyncIterator[TelegramStub]:
-    async with running_stub() as telegram:
-        yield telegram
-
-
-@pytest.fixture
-async def procs(tmp_path: Path, stub: TelegramStub) -> AsyncIterator[AutomProcesses]:
-    async with autom_processes(tmp_path) as started:
-        yield started
+from tests.support.telegram_stub import TelegramStub
 
 
 async def get(proc: AutomProcess, path: str, **kwargs: Any) -> httpx.Response:
