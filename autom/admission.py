@@ -1,8 +1,8 @@
 """Admission control: who may deliver to ``POST /hooks/{source}``, and when the answer is "not now".
 
-CONTRACT.md ("Admission", "HTTP") fixes the answers; research/admission.md says
-why each sender is treated as it is (GitHub never retries, Telegram retries in
-order per chat, Stripe and Standard Webhooks senders retry for days).
+The answers are the README's (Sources, "Admission"). Each sender is treated as its
+refusal costs it: GitHub never retries (a 429/503 loses the event), Telegram
+retries but in order per chat, Stripe and Standard Webhooks senders retry for days.
 
 Two places apply it:
 
@@ -64,14 +64,14 @@ log = logging.getLogger("autom.admission")
 #: More failed deliveries (401, 404) than this within ``FAIL_WINDOW`` seconds ...
 FAIL_LIMIT = 20
 FAIL_WINDOW = 10.0
-#: ... and the client gets 429 for this long, before its body is read (CONTRACT.md).
+#: ... and the client gets 429 for this long, before its body is read (README, Admission).
 FAIL_BLOCK = 60.0
 #: Longest the whole request body may take to arrive once the head is in.
 BODY_DEADLINE_SECONDS = 10.0
 #: How often the backlog estimate (and the warm recipients) are refreshed.
 REFRESH_SECONDS = 1.0
 #: Retry-After of a 503 for a full backlog: short, as senders that retry do so for days
-#: and a long pause only lengthens the queue behind the outage (research/admission.md §5.3).
+#: and a long pause only lengthens the queue behind the outage.
 BACKLOG_RETRY_AFTER = 30
 #: Retry-After of a 429 for a recipient at its cap: well inside the 150 s a Telegram
 #: callback query lives.
@@ -215,7 +215,7 @@ def _drop_oldest(table: dict[str, Any], keep: int) -> None:
 
 
 def retry_after(seconds: float) -> int:
-    """Retry-After in whole seconds, at least 1 (CONTRACT.md)."""
+    """Retry-After in whole seconds, at least 1 (an integer is what every sender parses)."""
     return max(1, math.ceil(seconds))
 
 
@@ -305,7 +305,7 @@ class Admission:
     # -- the intake's side ---------------------------------------------------------
 
     def backlog_refusal(self, source: Source) -> Refusal | None:
-        """503 when the backlog is full for ``source``'s sender (CONTRACT.md, Admission), else None."""
+        """503 when the backlog is full for ``source``'s sender (README, Admission), else None."""
         if self.backlog >= 2 * self.max_pending:
             return Refusal(503, "backlog", "the queue is full, try again later", BACKLOG_RETRY_AFTER)
         if self.backlog >= self.max_pending and getattr(source, "sender_retries", False):

@@ -120,7 +120,7 @@ class Settings:
         settings = cls(**kwargs)  # a setting that did not parse keeps its default here
         problems += settings.problems()
         if problems:
-            # every problem at once, one line each (CONTRACT.md): not one per restart
+            # every problem at once, one line each: not one per restart
             raise ConfigError("\n".join(problems))
         return settings
 

@@ -2,7 +2,7 @@
 
 Telegram allows about one message a second per chat, twenty a minute per group and
 about thirty a second per bot; beyond that it answers 429 with a ``retry_after``
-(research/admission.md §2). A limiter per process, as the Python libraries have,
+(Telegram's Bot API FAQ). A limiter per process, as the Python libraries have,
 lets N replicas send N times that. ``SendLimiter`` keeps the state in the database:
 
 * per chat, the earliest time of its next message: TELEGRAM_CHAT_RATE per second

@@ -73,7 +73,7 @@ rc as (
     cross join lateral (
         -- the head of the recipient's line (jobs_recipient_line, migrations/0006): its
         -- oldest unfinished job in queue order, claimed only once it is due itself; a
-        -- later job never overtakes it (CONTRACT.md: a FIFO group per recipient)
+        -- later job never overtakes it (a FIFO group per recipient: README, Reliability)
         select j.id, j.kind, j.due_at from jobs j
         where j.recipient = r.recipient and j.due_at is not null
         order by coalesce(j.queued_at, j.run_at), j.id

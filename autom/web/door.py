@@ -2,7 +2,7 @@
 
 An ASGI middleware around Quart's ``asgi_app`` (``create_app`` installs it), so it
 runs after hypercorn has parsed the request head and before anything reads the
-body. Only ``POST /hooks/{source}`` is looked at, in CONTRACT.md's order:
+body. Only ``POST /hooks/{source}`` is looked at, in the README's order (Sources):
 
 1. an unknown source passes on to Quart's 404 (counted as a failed delivery);
 2. a source whose whole proof is a header (``verify_headers``: Telegram's secret)
@@ -75,7 +75,7 @@ class Door:
         source = adm.sources.get(path[len(HOOKS):])
         watched = _watch_failures(send, adm, client)
         if source is None:
-            await self.app(scope, receive, watched)  # Quart's 404 (first in CONTRACT.md's order)
+            await self.app(scope, receive, watched)  # Quart's 404 (the first check of all)
             return
 
         declared = content_length(raw_headers)

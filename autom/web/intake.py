@@ -44,6 +44,7 @@ from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
 from autom.events import StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
+from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source
 from autom.web.responses import error_response, json_response
 
@@ -83,7 +84,12 @@ class Intake:
         src = self._deps.sources.get(source)
         if src is None:
             # not counted in the metrics: the label would be whatever a scanner sends
-            log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
+            setting = SECRET_SETTINGS.get(source)
+            if setting is not None:  # a built-in source whose secret is unset: say which setting
+                log.info("webhook for the disabled source %s: set %s to enable it", source, setting,
+                         extra={"outcome": "not_found"})
+            else:
+                log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
             return error_response(404, "unknown source")
         try:
             body: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)

@@ -38,6 +38,11 @@ async def test_an_intake_and_a_worker_process_do_the_work_once(
         for name in ("github", "stripe", "standard")
     ]
     assert worker.logged("is disabled") == []
+    # and a delivery to one is still 404, with the setting named in the log
+    async with httpx.AsyncClient(base_url=intake.url, timeout=5) as client:
+        disabled = await client.post("/hooks/github", content=b"{}")
+    assert disabled.status_code == 404 and disabled.json() == {"error": "unknown source"}
+    await intake.wait_logged("webhook for the disabled source github: set GITHUB_WEBHOOK_SECRET to enable it")
 
     chats = [700_000 + n for n in range(20)]
     updates = [telegram_update(20_000 + n, chats[n % len(chats)], "/ping") for n in range(60)]

@@ -1,4 +1,4 @@
-"""Telegram's limits in the real ``autom run`` against the Telegram stub (CONTRACT.md, "Telegram").
+"""Telegram's limits in the real ``autom run`` against the Telegram stub (README, "Telegram's limits").
 
 Waiting for a limit is a deferral, not a failure: each job below ends ``done`` with
 ``attempts = 1``. Times are the stub's arrival times; only lower bounds on spacing are

@@ -1,4 +1,4 @@
-"""Admission over real HTTP against a real PostgreSQL (CONTRACT.md, "Admission" and "HTTP").
+"""Admission over real HTTP against a real PostgreSQL (README: Sources, "Admission").
 
 The app is served on 127.0.0.1 by hypercorn, as in production; the client is the
 test, on real sockets. Refused deliveries are checked to have stored nothing.

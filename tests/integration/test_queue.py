@@ -265,7 +265,7 @@ async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db)
 
 
 async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_recipient(db):
-    """CONTRACT.md: a recipient's jobs run in creation order; a job waiting for its retry
+    """A recipient's jobs run in creation order (README, Reliability); a job waiting for its retry
     holds back the later ones until it is done or failed (a FIFO group). Other
     recipients and jobs without a recipient are not held back."""
     store = make_store(db, base=0.3, cap=0.3)
