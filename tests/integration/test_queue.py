@@ -306,7 +306,7 @@ async def test_a_deferred_job_keeps_its_place_in_its_recipients_line(db):
 
 
 async def test_cancelling_a_head_waiting_for_its_retry_lets_its_recipients_line_move_on(db):
-    """A cancelled job counts as finished for the order (CONTRACT.md): the next job of its
+    """A cancelled job counts as finished for the order (README, Reliability): the next job of its
     recipient runs at once, not when the cancelled one's retry would have been due."""
     from autom.ops import Operations
 
