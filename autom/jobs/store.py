@@ -178,15 +178,6 @@ class JobStore:
         rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
         return [_job(row) for row in rows]
 
-    async def claim_one(self) -> Job | None:
-        """Claim one due job, or None when nothing is due."""
-        jobs = await self.claim(1)
-        return jobs[0] if jobs else None
-
-    async def complete(self, job: Job) -> bool:
-        """Mark the job done; False when this claim no longer holds it."""
-        return job.id in await self.complete_many([job])
-
     async def complete_many(self, jobs: Iterable[Job]) -> set[int]:
         """Mark several claims done in one statement; returns the ids that were still held."""
         held, _more = await self.complete_batch(jobs)

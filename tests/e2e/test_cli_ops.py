@@ -13,6 +13,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.support.pg import with_lock_timeout
 from tests.support.proc import AUTOM, clean_env, run_autom
+from tests.support.queue import claim_one, complete
 from tests.support.service import SITE_SECRET, TG_SECRET
 from tests.support.telegram_stub import Reply
 
@@ -28,7 +29,7 @@ async def autom(*args: str, env: dict[str, str], cwd) -> object:
 async def make_failed_job(db, kind="site.form", error="RuntimeError: the CRM said no\nsecond line") -> int:
     store = JobStore(db)
     job_id = await store.enqueue(NewJob(kind, {"n": 1}, max_attempts=1))
-    job = await store.claim_one()
+    job = await claim_one(store)
     await store.fail(job, error)
     return job_id
 
@@ -102,13 +103,13 @@ async def test_retry_resets_a_failed_job_and_refuses_running_done_and_unknown(ds
     row = await db.fetch_one("select status, attempts, run_at <= now() as due from jobs where id = %s", [job_id])
     assert dict(row) == {"status": "pending", "attempts": 0, "due": True}
     # the retried job runs again (claimable now)
-    job = await JobStore(db).claim_one()
+    job = await claim_one(JobStore(db))
     assert job.id == job_id and job.attempts == 1
 
     running = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
     assert running.returncode == 1
     assert f"job {job_id} is running" in running.stderr and "replay" in running.stderr
-    await JobStore(db).complete(job)
+    await complete(JobStore(db), job)
     done = await autom("retry", str(job_id), env=env_for(dsn), cwd=tmp_path)
     assert done.returncode == 1 and "is done" in done.stderr
 
@@ -164,7 +165,7 @@ async def test_cancel_a_pending_job_and_refuse_the_others(dsn, db, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"job {waiting} (site.form) is cancelled" in result.stdout
     assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "cancelled"
-    assert await store.claim_one() is None  # never runs
+    assert await claim_one(store) is None  # never runs
     assert await db.fetch_val("select count(*) from alerts") == 0  # and raises no alert
 
     again = await autom("cancel", str(waiting), env=env_for(dsn), cwd=tmp_path)
@@ -178,7 +179,7 @@ async def test_cancel_a_pending_job_and_refuse_the_others(dsn, db, tmp_path):
     # a cancelled job can be retried: it runs after all
     back = await autom("retry", str(waiting), env=env_for(dsn), cwd=tmp_path)
     assert back.returncode == 0, back.stderr
-    assert (await store.claim_one()).id == waiting
+    assert (await claim_one(store)).id == waiting
 
 
 async def test_retry_failed_in_bulk_with_kind_and_since(dsn, db, tmp_path):

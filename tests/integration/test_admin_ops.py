@@ -18,6 +18,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.integration.test_admin import AUTH, insert_job, ping, post_update
 from tests.support.http_app import RunningApp, running_app
+from tests.support.queue import claim_one
 from tests.support.service import post_telegram, running_service, service_settings, telegram_update, wait_until
 from tests.support.telegram_stub import Reply
 
@@ -41,7 +42,7 @@ async def test_cancel_a_pending_job_it_never_runs_and_raises_no_alert(app: Runni
     assert again.status_code == 409 and "is cancelled" in again.json()["error"]
     # a job waiting for its retry is pending too: it can be cancelled
     waiting = await store.enqueue(NewJob("site.form", {"n": 2}))
-    claimed = await store.claim_one()
+    claimed = await claim_one(store)
     assert claimed is not None and claimed.id == waiting
     await store.fail(claimed, "TransientError: try later")
     assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "pending"
@@ -153,18 +154,18 @@ async def test_events_list_newest_first_with_filters(app: RunningApp, db: Any) -
 async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: RunningApp) -> None:
     store = JobStore(db, lease_seconds=60)
     job_id = await store.enqueue(NewJob("k", {}, max_attempts=5))
-    job = await store.claim_one()
+    job = await claim_one(store)
     assert job is not None
     await store.fail(job, "TransientError: HTTP 502")  # a retry
     await db.execute("update jobs set run_at = now() where id = %s", [job_id])
-    job = await store.claim_one()
+    job = await claim_one(store)
     assert job is not None
     # the worker vanished: its lease runs out and another claim takes the job
     await db.execute("update jobs set locked_until = now() - interval '1 second' where id = %s", [job_id])
-    job = await store.claim_one()
+    job = await claim_one(store)
     assert job is not None and job.attempts == 3
     await store.release([job], "shutdown")  # given back: not an attempt, no row
-    job = await store.claim_one()
+    job = await claim_one(store)
     assert job is not None and job.attempts == 3
     running = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
     assert [(a["attempt"], a["outcome"]) for a in running] == [(1, "retry"), (2, "lease_expired"), (3, "running")]

@@ -20,6 +20,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.ops import Operations
+from tests.support.queue import claim_one, complete
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import ALERT_CHAT, running_service, service_settings, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
@@ -66,7 +67,7 @@ async def test_failing_for_good_records_the_alert_in_the_same_statement(db: Any)
     assert not (await store.fail(first, TransientError("502"))).final
     assert await alert_rows(db) == []
     assert (await store.fail(second, PermanentError("400 chat not found"))).final
-    again = await wait_until(store.claim_one)
+    again = await wait_until(lambda: claim_one(store))
     assert (await store.fail(again, TransientError("502 again"))).final
     rows = await alert_rows(db)
     assert [(r["job_id"], r["kind"], r["attempts"], r["error"], r["sent_at"]) for r in rows] == [
@@ -75,8 +76,8 @@ async def test_failing_for_good_records_the_alert_in_the_same_statement(db: Any)
     ]
     # a job retried by an operator that fails again alerts again; finishing never does
     await Operations(db).retry_job(second.id)
-    retried = await store.claim_one()
-    assert retried is not None and await store.complete(retried)
+    retried = await claim_one(store)
+    assert retried is not None and await complete(store, retried)
     assert len(await alert_rows(db)) == 2
 
 

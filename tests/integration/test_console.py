@@ -21,6 +21,7 @@ from autom.jobs.store import JobStore
 from autom.web.console.auth import COOKIE, LoginLimiter, Sessions, cross_site
 from tests.integration.test_admin import insert_job, ping, post_update
 from tests.support.http_app import RunningApp, app_settings, running_app
+from tests.support.queue import claim_one
 
 TOKEN = "admin-token"
 
@@ -181,7 +182,7 @@ async def test_sender_values_are_escaped_everywhere(app: RunningApp, db: Any) ->
 async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any) -> None:
     store = JobStore(db)
     job_id = await store.enqueue(NewJob("site.form", {"name": "Ada", "n": 1}, max_attempts=3))
-    claimed = await store.claim_one()
+    claimed = await claim_one(store)
     assert claimed is not None
     await store.fail(claimed, PermanentError("crm: HTTP 400 Bad Request: no such list"))
     async with logged_in(app) as (client, csrf):

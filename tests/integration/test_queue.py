@@ -8,6 +8,7 @@ from autom.errors import PermanentError, Retry
 from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
+from tests.support.queue import claim_one, complete
 
 
 def make_store(db, *, lease=30.0, base=0.05, cap=1.0) -> JobStore:
@@ -18,7 +19,7 @@ async def wait_for_claim(store: JobStore, timeout: float = 5.0):
     """Poll until a job can be claimed (the condition, not a fixed sleep)."""
     with trio.fail_after(timeout):
         while True:
-            job = await store.claim_one()
+            job = await claim_one(store)
             if job is not None:
                 return job
             await trio.sleep(0.02)
@@ -41,7 +42,7 @@ async def test_thirty_parallel_claims_take_twenty_jobs_each_exactly_once(db):
     results: list = []
 
     async def claimer():
-        results.append(await store.claim_one())
+        results.append(await claim_one(store))
 
     async with trio.open_nursery() as nursery:
         for _ in range(30):
@@ -64,7 +65,7 @@ async def test_failed_attempts_wait_out_their_delay_then_fail_for_good(db):
         outcome = await store.fail(job, RuntimeError(f"boom {attempt}"))
         if attempt < 3:
             assert outcome.status == "pending"
-            assert await store.claim_one() is None  # not before its delay (0.2 s ± 20 %)
+            assert await claim_one(store) is None  # not before its delay (0.2 s ± 20 %)
             job = await wait_for_claim(store)
             assert trio.current_time() - started >= 0.15
         else:
@@ -74,13 +75,13 @@ async def test_failed_attempts_wait_out_their_delay_then_fail_for_good(db):
     assert row["attempts"] == 3
     assert row["last_error"] == "RuntimeError: boom 3"
     assert row["finished_at"] is not None
-    assert await store.claim_one() is None
+    assert await claim_one(store) is None
 
 
 async def test_permanent_error_fails_after_one_attempt(db):
     store = make_store(db)
     await store.enqueue(NewJob("send"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     outcome = await store.fail(job, PermanentError("telegram: HTTP 400 chat not found"))
     assert outcome.final
     row = await store.get(job.id)
@@ -90,7 +91,7 @@ async def test_permanent_error_fails_after_one_attempt(db):
 async def test_retry_after_is_honoured(db):
     store = make_store(db, base=0.01, cap=0.01)
     await store.enqueue(NewJob("send"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     await store.fail(job, Retry("telegram: HTTP 429", after=30))
     waited = await db.fetch_val("select extract(epoch from run_at - now()) from jobs where id = %s", [job.id])
     assert 29 <= waited <= 31
@@ -99,9 +100,9 @@ async def test_retry_after_is_honoured(db):
 async def test_job_stuck_in_running_comes_back_when_its_lease_expires(db):
     store = make_store(db, lease=0.3)
     job_id = await store.enqueue(NewJob("slow"))
-    first = await store.claim_one()
+    first = await claim_one(store)
     assert first.id == job_id
-    assert await store.claim_one() is None  # held by the lease
+    assert await claim_one(store) is None  # held by the lease
     second = await wait_for_claim(store)
     assert second.id == job_id
     assert (second.attempts, second.lease) == (2, 2)
@@ -110,11 +111,11 @@ async def test_job_stuck_in_running_comes_back_when_its_lease_expires(db):
 async def test_stale_claim_changes_nothing_after_another_claim_took_the_job(db):
     store = make_store(db, lease=0.2)
     await store.enqueue(NewJob("slow", recipient="chat-1"))
-    stale = await store.claim_one()
+    stale = await claim_one(store)
     fresh = await wait_for_claim(store)
     assert fresh.id == stale.id and fresh.lease == stale.lease + 1
 
-    assert await store.complete(stale) is False
+    assert await complete(store, stale) is False
     assert (await store.fail(stale, RuntimeError("late"))).status == "stale"
     assert (await store.fail(stale, PermanentError("late"))).status == "stale"
     assert await store.renew([stale]) == {}
@@ -124,19 +125,19 @@ async def test_stale_claim_changes_nothing_after_another_claim_took_the_job(db):
 
     renewed = await store.renew([fresh])
     assert set(renewed) == {fresh.id}
-    assert await store.complete(fresh) is True
+    assert await complete(store, fresh) is True
     assert (await store.get(fresh.id))["status"] == "done"
 
 
 async def test_renew_keeps_a_long_job_from_being_claimed_again(db):
     store = make_store(db, lease=0.4)
     await store.enqueue(NewJob("long"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     for _ in range(4):  # 0.8 s: twice the lease
         await trio.sleep(0.2)
         assert set(await store.renew([job])) == {job.id}
-        assert await store.claim_one() is None
-    assert await store.complete(job)
+        assert await claim_one(store) is None
+    assert await complete(store, job)
 
 
 async def test_enqueue_in_a_rolled_back_transaction_leaves_no_job(db):
@@ -171,9 +172,9 @@ async def test_enqueue_in_a_committed_transaction_keeps_event_and_job(db):
 async def test_release_puts_the_job_back_without_counting_the_attempt(db):
     store = make_store(db)
     await store.enqueue(NewJob("k", recipient="chat-9"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     assert await store.release([job], reason="shutdown") == {job.id}
-    again = await store.claim_one()
+    again = await claim_one(store)
     assert again.id == job.id and again.attempts == 1 and again.lease == 2
 
 
@@ -183,9 +184,9 @@ async def test_a_recipient_with_a_backlog_does_not_hold_back_another(db):
     lone = await store.enqueue(NewJob("telegram.message", recipient="small"))
     order = []
     for _ in range(5):
-        job = await store.claim_one()
+        job = await claim_one(store)
         order.append(job.id)
-        await store.complete(job)
+        await complete(store, job)
     assert lone in order[:2]
 
 
@@ -195,7 +196,7 @@ async def test_one_recipient_runs_one_job_at_a_time_in_run_at_order(db):
     first = await store.claim(10)
     assert [j.id for j in first] == [ids[0]]  # only the head; the others wait
     assert await store.claim(10) == []
-    await store.complete(first[0])
+    await complete(store, first[0])
     second = await store.claim(10)
     assert [j.id for j in second] == [ids[1]]
 
@@ -235,12 +236,12 @@ async def test_a_renewal_does_not_revive_a_lease_that_ran_out(db):
     anybody's now); the worker already stopped the run at its local deadline."""
     store = make_store(db, lease=0.3)
     job_id = await store.enqueue(NewJob("slow"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     with trio.fail_after(5):
         while not await db.fetch_val("select locked_until < now() from jobs where id = %s", [job_id]):
             await trio.sleep(0.05)
     assert await store.renew([job]) == {}
-    again = await store.claim_one()
+    again = await claim_one(store)
     assert (again.id, again.lease) == (job_id, 2)
 
 
@@ -249,7 +250,7 @@ async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db)
 
     store = make_store(db)
     job_id = await store.enqueue(NewJob("send", recipient="chat"))
-    job = await store.claim_one()
+    job = await claim_one(store)
     await store.fail(job, RuntimeError("502"))  # a real failure first: its error stays
     await db.execute("update jobs set run_at = now() where id = %s", [job_id])
     job = await wait_for_claim(store)
@@ -282,7 +283,7 @@ async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_reci
     again = await wait_for_claim(store)
     assert (again.id, again.attempts) == (first, 2)
     assert await store.claim(10) == []  # still one at a time
-    await store.complete(again)
+    await complete(store, again)
     [nxt] = await store.claim(10)
     assert nxt.id == second
     # a job that failed for good, like a done one, lets the line move on
@@ -301,7 +302,7 @@ async def test_a_deferred_job_keeps_its_place_in_its_recipients_line(db):
     assert await store.claim(10) == []  # the second waits behind the deferred first
     again = await wait_for_claim(store)
     assert (again.id, again.attempts) == (first, 1)
-    await store.complete(again)
+    await complete(store, again)
     assert [j.id for j in await store.claim(10)] == [second]
 
 

@@ -15,6 +15,7 @@ from autom.deps import Deps
 from autom.jobs.models import Job, NewJob
 from autom.jobs.store import JobStore
 from autom.worker import WorkerPool
+from tests.support.queue import claim_one
 from tests.support.service import wait_until
 
 
@@ -101,7 +102,7 @@ async def test_single_job_claims_alternate_lanes(db):
     await store.enqueue_many([NewJob("noop") for _ in range(200)])
     small = await store.enqueue(NewJob("noop", recipient="small"))
     for _ in range(40):
-        job = await store.claim_one()
+        job = await claim_one(store)
         assert job is not None
         if job.id == small:
             break
