@@ -338,3 +338,9 @@ async def test_console_disabled_without_an_admin_token(db: Any) -> None:
         response = await app.client.post("/ui/login", data={"token": ""})
         assert response.status_code == 403 and "ADMIN_TOKEN is not set" in response.text
         assert (await app.client.get("/ui/")).status_code == 302
+
+
+async def test_ui_without_the_slash_and_unknown_console_paths(app: RunningApp) -> None:
+    response = await app.client.get("/ui")
+    assert response.status_code in (301, 302, 307, 308) and response.headers["location"].endswith("/ui/")
+    assert (await app.client.get("/ui/nope")).status_code == 404
