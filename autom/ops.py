@@ -312,6 +312,10 @@ class Operations:
         """Done and failed jobs per minute over the last ``minutes`` minutes (rows: minute, status, n)."""
         return await fetch_all_bounded(self.db, Q.ops_throughput, {"minutes": minutes}, seconds=statement_seconds)
 
+    async def failed_by_kind(self, minutes: int, statement_seconds: float) -> list[dict]:
+        """Kinds with jobs that failed for good in the last ``minutes`` minutes, most failures first."""
+        return await fetch_all_bounded(self.db, Q.ops_failed_by_kind, {"minutes": minutes}, seconds=statement_seconds)
+
     async def health(self, statement_seconds: float) -> dict[str, Any]:
         """Queue lag, unsent alerts and the last heartbeat, for the overview."""
         # the lag as autom.jobs.health defines it (its query), bounded like every console read

@@ -164,6 +164,15 @@ where status in ('done', 'failed') and finished_at >= date_trunc('minute', now()
 group by 1, 2
 order by 1;
 
+-- name: ops_failed_by_kind
+-- Jobs that failed for good in the last %(minutes)s minutes, by kind (jobs_finished).
+select kind, count(*) as n
+from jobs
+where status = 'failed' and finished_at >= now() - make_interval(mins => %(minutes)s)
+group by kind
+order by n desc, kind
+limit 50;
+
 -- name: ops_unsent_alerts
 select count(*) from alerts where sent_at is null;
 

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntit
 from autom.admission import Admission
 from autom.deps import Deps
 from autom.web.admin import admin_blueprint
-from autom.web.console import console_blueprint
+from autom.web.console import console_blueprint, error_page
 from autom.web.door import Door
 from autom.web.health import health_blueprint
 from autom.web.intake import intake_blueprint
@@ -85,6 +85,11 @@ def _register_error_handlers(app: QuartTrio, max_body_bytes: int) -> None:
             message = (error.name or "error").lower()
         # keep the headers HTTP requires (Allow on 405, Retry-After, ...), not the HTML type
         extra = {k: v for k, v in error.get_headers() if k.lower() != "content-type"}
+        if request.path.startswith("/ui/") and status in (404, 405):
+            # a person's browser on the console: a page, not JSON
+            page = await error_page(status, "There is no such console page." if status == 404 else message)
+            page.headers.update(extra)
+            return page
         return error_response(status, message, extra)
 
     @app.errorhandler(InternalServerError)

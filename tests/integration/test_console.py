@@ -275,6 +275,9 @@ async def test_overview_shows_capped_counts_and_the_chart(app: RunningApp, db: A
         assert "1,000+" in page
         assert '<rect class="done"' in page and '<rect class="failed"' in page
         assert "1005 done" in page and "1 failed" in page
+        failing = page.split("Failed in the last hour, by kind", 1)[1].split("</table>", 1)[0]
+        assert 'href="/ui/jobs?status=failed&amp;kind=bulk.kind">bulk.kind</a>' in failing
+        assert '<td class="num">1</td>' in failing
         refresh = (await client.get("/ui/?refresh=10")).text
         assert '<meta http-equiv="refresh" content="10">' in refresh
         assert "http-equiv" not in (await client.get("/ui/?refresh=1")).text  # only the offered periods
@@ -343,4 +346,8 @@ async def test_console_disabled_without_an_admin_token(db: Any) -> None:
 async def test_ui_without_the_slash_and_unknown_console_paths(app: RunningApp) -> None:
     response = await app.client.get("/ui")
     assert response.status_code in (301, 302, 307, 308) and response.headers["location"].endswith("/ui/")
-    assert (await app.client.get("/ui/nope")).status_code == 404
+    missing = await app.client.get("/ui/nope")
+    assert missing.status_code == 404 and "no such console page" in missing.text
+    assert "text/html" in missing.headers["content-type"] and "default-src 'none'" in missing.headers[
+        "content-security-policy"]
+    assert (await app.client.put("/ui/jobs")).status_code == 405

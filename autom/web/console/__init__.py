@@ -30,6 +30,6 @@ and a count that timed out shows "—", never a made-up number. Counts stop at
 
 from __future__ import annotations
 
-from autom.web.console.views import console_blueprint
+from autom.web.console.views import console_blueprint, error_page
 
-__all__ = ["console_blueprint"]
+__all__ = ["console_blueprint", "error_page"]

@@ -207,6 +207,7 @@ class Console:
         now = datetime.now(UTC)
         counts = await self._maybe(self._ops.overview_counts(COUNT_CAP, QUERY_SECONDS))
         rows = await self._maybe(self._ops.throughput(60, QUERY_SECONDS))
+        failing = await self._maybe(self._ops.failed_by_kind(60, QUERY_SECONDS))
         health = await self._maybe(self._ops.health(QUERY_SECONDS))
         paused = await self._maybe(self._ops.paused_kinds())
         beat = health["last_heartbeat"] if health else None
@@ -214,7 +215,7 @@ class Console:
             "overview.html",
             table=present.count_table(counts) if counts is not None else None,
             chart=present.throughput_chart(rows, now) if rows is not None else None,
-            health=health, paused=paused, paused_names={r["kind"] for r in paused or []},
+            health=health, paused=paused, paused_names={r["kind"] for r in paused or []}, failing=failing,
             refresh=refresh, refresh_choices=REFRESH,
             lag=present.age(health["queue_lag_seconds"]) if health else "—",
             heartbeat_age=present.age((now - beat).total_seconds()) if beat else None,
@@ -420,6 +421,13 @@ class Console:
 
     async def _error(self, status: int, message: str) -> Response:
         return await self._render("message.html", status, code=status, message=message)
+
+
+async def error_page(status: int, message: str) -> Response:
+    """An HTML error answer for a ``/ui/`` path no console route serves (404, 405), with the security headers."""
+    body = await render_template("message.html", csrf="", logged_in=False, when=present.when,
+                                 headline_of=error_headline, code=status, message=message)
+    return Response(body, status=status, content_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
 
 def _ident(raw: str, what: str) -> int:
