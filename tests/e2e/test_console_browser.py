@@ -41,7 +41,6 @@ from tests.support.telegram_stub import Reply
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
 from selenium.common.exceptions import NoAlertPresentException, WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 T = TypeVar("T")
@@ -111,8 +110,18 @@ class Browser:
         """Do ``act`` (a click that loads a page) and wait until the old page is gone and the new one loaded."""
         def run(d: Any) -> None:
             old = d.find_element(By.TAG_NAME, "html")
+
+            def gone(_: Any) -> bool:
+                # staleness_of lets Chromium's "node does not belong to the document" (seen while
+                # the page is being replaced) escape: any error touching the old page means it left
+                try:
+                    old.is_enabled()
+                except WebDriverException:
+                    return True
+                return False
+
             act(d)
-            WebDriverWait(d, 15).until(expected_conditions.staleness_of(old))
+            WebDriverWait(d, 15).until(gone)
             WebDriverWait(d, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
         await self.do(run)
 
