@@ -114,6 +114,16 @@ async def test_a_wrong_token_is_refused_and_repeated_failures_are_rate_limited(a
         assert "set-cookie" not in limited.headers
 
 
+async def test_behind_a_trusted_proxy_failed_logins_count_per_forwarded_client(db: Any) -> None:
+    async with running_app(db, app_settings(trusted_proxies="127.0.0.1")) as app:
+        for _ in range(5):
+            response = await login(app.client, token="wrong", **{"X-Forwarded-For": "203.0.113.7"})
+            assert response.status_code == 401
+        assert (await login(app.client, **{"X-Forwarded-For": "203.0.113.7"})).status_code == 429
+        # another client behind the same proxy is not locked out by the guesser
+        assert (await login(app.client, **{"X-Forwarded-For": "198.51.100.2"})).status_code == 303
+
+
 async def test_logout_ends_the_session_in_the_browser(app: RunningApp) -> None:
     async with logged_in(app) as (client, csrf):
         response = await client.post("/ui/logout", data={"csrf": csrf})

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from quart import Blueprint, Response, g, render_template, request
 
+from autom.admission import client_key
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
 from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline
@@ -109,6 +110,7 @@ class Console:
         token = deps.settings.admin_token
         self._sessions = Sessions(token, deps.settings.console_session_hours * 3600) if token else None
         self._limiter = LoginLimiter()
+        self._trusted = deps.settings.trusted_networks()
         self._clock = clock
         self._css = resources.files("autom.web.console").joinpath("static", "console.css").read_bytes()
 
@@ -171,7 +173,10 @@ class Console:
         if self._sessions is None:
             return await self._render("login.html", 403, next=nxt, error="The console is disabled: "
                                       "ADMIN_TOKEN is not set.", disabled=True)
-        address = request.remote_addr or "?"
+        # the client as the door sees it: behind a trusted proxy (TRUSTED_PROXIES), the
+        # address X-Forwarded-For names, so one guesser does not lock out everyone
+        forwarded = request.headers.getlist("X-Forwarded-For") if self._trusted else []
+        address = client_key(request.remote_addr, forwarded, self._trusted)
         now = self._clock()
         wait = self._limiter.retry_after(address, now)
         if wait > 0:
