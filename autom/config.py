@@ -82,6 +82,8 @@ class Settings:
     telegram_max_connections: int = 40
     telegram_chat_rate: float = 1.0
     telegram_global_rate: float = 30.0
+    # issue 12 (public API): module:attr of the user's App (autom run/dev --app overrides it)
+    autom_app: str | None = None
 
     @classmethod
     def from_env(

@@ -14,6 +14,9 @@ from autom.config import Settings
 from autom.metrics import Metrics
 
 if TYPE_CHECKING:
+    import httpx
+
+    from autom.app import Registry
     from autom.db.bridge import Database
     from autom.jobs.store import JobStore
     from autom.sources.base import Source
@@ -37,3 +40,6 @@ class Deps:
     #: set on SIGTERM: stop taking new requests and jobs
     shutdown: trio_util.AsyncBool = field(default_factory=lambda: trio_util.AsyncBool(False))
     started_at: float = field(default_factory=time.time)
+    # issue 12 (public API): the validated App, and the HTTP client handlers get as ctx.http
+    registry: Registry | None = None
+    http: httpx.AsyncClient | None = None

@@ -385,17 +385,21 @@ def banner(settings: Settings, url: str, database: DatabaseNote, folder: Path,
 # -- running ----------------------------------------------------------------------------
 
 
-async def serve_dev(settings: Settings, announce: Callable[[str], None]) -> None:
+async def serve_dev(settings: Settings, announce: Callable[[str], None], app: Any = None) -> None:
     """Run the service (``autom.service.main``: signals, drain) and ``announce`` its URL once it listens."""
     from autom.service import main
 
     async with trio.open_nursery() as nursery:
-        service = await nursery.start(partial(main, settings, telegram_log_only=not settings.telegram_bot_token))
+        service = await nursery.start(partial(main, settings, app=app,
+                                              telegram_log_only=not settings.telegram_bot_token))
         announce(service.urls[0])
 
 
-def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
-    """``autom dev`` after the settings are read: returns the exit code (0 after a drain)."""
+def run(settings: Settings, folder: Path = DEFAULT_DIR, *, app: Any = None) -> int:
+    """``autom dev`` after the settings are read: returns the exit code (0 after a drain).
+
+    ``app``: the user's ``autom.App`` (default: the built-in one).
+    """
     if not settings.database_url:
         import_embedded()  # before anything is written: say what to install, and stop
     settings, generated = dev_settings(settings, folder)
@@ -416,7 +420,7 @@ def run(settings: Settings, folder: Path = DEFAULT_DIR) -> int:
             print(banner(settings, url, database, folder, generated), flush=True)
 
         try:
-            trio.run(serve_dev, settings, announce)
+            trio.run(serve_dev, settings, announce, app)
         except* AddressInUse:  # raised by the HTTP server (autom.web.serve), inside trio's exception groups
             raise ConfigError(f"{settings.host}:{settings.port} is already in use (another autom dev?): "
                               "set PORT to a free port, e.g. PORT=8001 autom dev") from None

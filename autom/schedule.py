@@ -52,6 +52,8 @@ class Schedule:
     every_minutes: int | None = None
     daily_at: str | None = None
     payload: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: stored in the slot's job (None: 8); the App sets it from the kind's handler
+    max_attempts: int | None = None
 
     def __post_init__(self) -> None:
         if not self.kind:
@@ -70,6 +72,9 @@ class Schedule:
 
 #: The schedules autom runs when nothing else is configured (README, Schedule: heartbeat hourly).
 DEFAULT_SCHEDULES: tuple[Schedule, ...] = (Schedule("heartbeat", every_minutes=60),)
+
+#: What every App schedules: the hourly heartbeat (CONTRACT.md) and retention.
+BUILTIN_SCHEDULES: tuple[Schedule, ...] = (*DEFAULT_SCHEDULES, Schedule("maintenance.prune", every_minutes=60))
 
 
 def slot(spec: Schedule, now: datetime, tz: tzinfo | None) -> str | None:

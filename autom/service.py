@@ -35,28 +35,29 @@ import trio
 import trio_util
 
 from autom.alerts import AlertSender
+from autom.app import App, Handler, HandlerSpec, Registry
 from autom.config import Settings
+from autom.context import BoundedHTTP
 from autom.db.bridge import open_database
 from autom.db.migrate import apply_migrations
 from autom.deps import Deps
-from autom.handlers import Handler, default_handlers
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.limits import SendLimiter
-from autom.schedule import DEFAULT_SCHEDULES, Schedule, process_zone
-from autom.sources import disabled_sources, enabled_sources
+from autom.schedule import BUILTIN_SCHEDULES, Schedule, process_zone
+from autom.sources import disabled_sources
 from autom.telegram import open_telegram
 from autom.ticker import run_ticker
 from autom.watchdog import Watchdog
 from autom.web import create_app, serve_http
-from autom.worker import WorkerPool
+from autom.worker import WorkerPool, handler_specs
 
 log = logging.getLogger("autom")
 
 NOTIFY_CHANNEL = "autom_jobs"
 
-#: what the service schedules: the hourly heartbeat and retention (README, Schedule)
-SERVICE_SCHEDULES: tuple[Schedule, ...] = (*DEFAULT_SCHEDULES, Schedule("maintenance.prune", every_minutes=60))
+#: what the service schedules out of the box: the hourly heartbeat and retention (README, Schedule)
+SERVICE_SCHEDULES: tuple[Schedule, ...] = BUILTIN_SCHEDULES
 
 
 @dataclass
@@ -98,8 +99,9 @@ async def run_service(
     settings: Settings,
     *,
     control: Control | None = None,
-    handlers: Mapping[str, Handler] | None = None,
-    schedules: Sequence[Schedule] = SERVICE_SCHEDULES,
+    app: App | None = None,
+    handlers: Mapping[str, Handler | HandlerSpec] | None = None,
+    schedules: Sequence[Schedule] | None = None,
     binds: list[str] | None = None,
     telegram_log_only: bool | None = None,
     task_status: trio.TaskStatus[Service] = trio.TASK_STATUS_IGNORED,
@@ -107,11 +109,15 @@ async def run_service(
     """Run everything until ``control.request_stop()`` and the drain finish.
 
     ``task_status.started(Service)`` is called once HTTP listens (``urls`` are the
-    bound addresses: bind port 0 in tests).
+    bound addresses: bind port 0 in tests). ``app``: the user's App (default: the
+    built-in one); it is validated before the database is opened. ``handlers`` /
+    ``schedules`` replace the App's whole set (tests and benches).
     """
     control = control or Control()
     control.grace = settings.shutdown_grace_seconds
     assert settings.database_url, "DATABASE_URL is checked by the CLI"
+    registry = build_registry(settings, app, handlers, schedules)
+    log.info(f"registered {registry.describe()}")
     tz = ZoneInfo(settings.tz) if settings.tz else process_zone()
     # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
     # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on
@@ -126,7 +132,10 @@ async def run_service(
         applied = await apply_migrations(db)
         if applied:
             log.info("applied %d migrations", len(applied))
-        async with open_telegram(settings, log_only=telegram_log_only) as telegram:
+        async with (
+            open_telegram(settings, log_only=telegram_log_only) as telegram,
+            BoundedHTTP(deadline=settings.http_timeout_seconds) as http,
+        ):
             if not telegram.log_only:  # Telegram's limits, shared with every replica (autom/limits.py)
                 telegram.limiter = SendLimiter.from_settings(db, settings)
             store = JobStore(
@@ -135,25 +144,25 @@ async def run_service(
                 retry=RetryPolicy(base=settings.retry_base_seconds, cap=settings.retry_max_seconds),
             )
             deps = Deps(
-                settings=settings, db=db, store=store, sources=enabled_sources(settings),
-                telegram=telegram, shutdown=control.shutdown,
+                settings=settings, db=db, store=store, sources=registry.sources,
+                telegram=telegram, shutdown=control.shutdown, registry=registry, http=http,
             )
             if settings.role != "worker":  # said once at start, not as "unknown source" at each delivery
                 for name, setting in disabled_sources(settings).items():
                     log.info("source %s is disabled: POST /hooks/%s answers 404 until %s is set", name, name, setting)
             # ROLE: intake = HTTP only; worker = workers, schedule, alerts and watchdog,
             # with HTTP serving only /health and /metrics (create_app); all = both.
-            pool = WorkerPool(deps, handlers if handlers is not None else default_handlers()) if works else None
+            pool = WorkerPool(deps, registry.handlers) if works else None
             control.pool = pool
             alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
                 if alerts is not None:
                     await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
                     background.start_soon(alerts.run)
-                    background.start_soon(Watchdog(deps, schedules).run)
+                    background.start_soon(Watchdog(deps, registry.schedules).run)
                 async with trio.open_nursery() as services:
                     if pool is not None:
-                        await services.start(run_ticker, deps, schedules, tz)
+                        await services.start(run_ticker, deps, registry.schedules, tz)
                         await services.start(pool.run)
                     urls = await services.start(partial(serve_http, deps, create_app(deps), binds=binds))
                     log.info("autom serving on %s as %s with %d workers", ", ".join(urls), settings.role,
@@ -170,6 +179,23 @@ async def run_service(
                             log.warning("could not send the last alerts at shutdown; they stay queued: %s", exc)
                 background.cancel_scope.cancel()
     log.info("autom stopped")
+
+
+def build_registry(
+    settings: Settings,
+    app: App | None = None,
+    handlers: Mapping[str, Handler | HandlerSpec] | None = None,
+    schedules: Sequence[Schedule] | None = None,
+) -> Registry:
+    """The validated registry the service runs: ``app``'s (default: the built-in App), with
+    ``handlers`` / ``schedules`` replacing its whole set when given (tests, benches)."""
+    registry = (app or App()).registry(settings)
+    if handlers is not None:
+        registry = Registry(handlers=handler_specs(handlers), sources=registry.sources,
+                            schedules=registry.schedules)
+    if schedules is not None:
+        registry = Registry(handlers=registry.handlers, sources=registry.sources, schedules=tuple(schedules))
+    return registry
 
 
 async def _watch_signals(control: Control, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

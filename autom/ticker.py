@@ -29,7 +29,8 @@ def due_jobs(schedules: Sequence[Schedule], now: datetime, tz: tzinfo | None) ->
     for spec in schedules:
         key = slot(spec, now, tz)
         if key is not None:
-            jobs.append(NewJob(spec.kind, payload={**spec.payload, "slot": key}, key=job_key(spec, key)))
+            jobs.append(NewJob(spec.kind, payload={**spec.payload, "slot": key}, key=job_key(spec, key),
+                               max_attempts=spec.max_attempts))
     return jobs
 
 

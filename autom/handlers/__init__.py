@@ -1,4 +1,4 @@
-"""Job handlers, one module per kind, and the registry the worker looks kinds up in.
+"""The built-in job handlers, one module per kind; every ``autom.App`` includes them.
 
 A handler is ``async def handle(ctx: HandlerContext, job: Job) -> None``. It steers
 the queue with exceptions: return = done; ``PermanentError`` = failed for good;
@@ -9,35 +9,20 @@ at-least-once: a worker killed mid-job runs it again).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
-from autom.handlers import heartbeat, log_event, prune, telegram_message
+from autom.app import Handler, HandlerSpec
+from autom.context import HandlerContext
+from autom.handlers import heartbeat, log_event, prune, telegram_message, telegram_send
 
-if TYPE_CHECKING:
-    from autom.config import Settings
-    from autom.db.bridge import Database
-    from autom.jobs.models import Job
-    from autom.telegram import TelegramClient
-
-
-@dataclass(frozen=True)
-class HandlerContext:
-    """What a handler may use: settings, the database, the Telegram client."""
-
-    settings: Settings
-    db: Database
-    telegram: TelegramClient
-
-
-Handler = Callable[[HandlerContext, "Job"], Awaitable[None]]
+__all__ = ["Handler", "HandlerContext", "builtin_handlers", "default_handlers"]
 
 
 def default_handlers() -> Mapping[str, Handler]:
-    """The kinds autom handles out of the box (README, Handlers)."""
+    """The kinds autom handles out of the box (README, Handlers), kind → function."""
     return {
         "telegram.message": telegram_message.handle,
+        "telegram.send": telegram_send.handle,
         "site.form": log_event.handle,
         "github.event": log_event.handle,
         "stripe.event": log_event.handle,
@@ -45,3 +30,8 @@ def default_handlers() -> Mapping[str, Handler]:
         "heartbeat": heartbeat.handle,
         "maintenance.prune": prune.handle,
     }
+
+
+def builtin_handlers() -> dict[str, HandlerSpec]:
+    """The built-in kinds as an App registers them (8 attempts, no timeout beyond the lease)."""
+    return {kind: HandlerSpec(kind, fn, builtin=True) for kind, fn in default_handlers().items()}

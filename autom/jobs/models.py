@@ -18,6 +18,7 @@ class NewJob:
     (``run_at``, then creation; a job waiting for its retry keeps its place and holds the
     later ones back), and recipients are served fairly (a Telegram chat id, for example).
     ``run_at``: ``None`` = now (the database's clock).
+    ``max_attempts``: ``None`` = the kind's (its handler's ``max_attempts``, else 8).
     """
 
     kind: str
@@ -25,7 +26,7 @@ class NewJob:
     key: str | None = None
     recipient: str | None = None
     run_at: datetime | None = None
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_attempts: int | None = None
     event_id: int | None = None
 
 

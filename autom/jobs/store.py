@@ -192,13 +192,13 @@ class JobStore:
         rows = await self.db.fetch_all(Q.complete_many, _claims(jobs), prepare=True)
         return {row["id"] for row in rows}, any(row["more"] for row in rows)
 
-    def decide(self, job: Job, error: BaseException | str) -> Settle:
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
         """What a run that ended with ``error`` does to its job (pure but for the jitter).
 
         ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
         attempt given back, no error recorded. A ``PermanentError`` or the last attempt:
         ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
-        429's ``retry_after``).
+        429's ``retry_after``; ``retry``: the job's kind's own policy, else the store's).
         """
         if isinstance(error, Defer):
             ceiling = max(self.retry.cap, self.retry.after_ceiling)
@@ -207,7 +207,7 @@ class JobStore:
         exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
         if is_final(exc, job.attempts, job.max_attempts):
             return Settle(job, "failed", text)
-        return Settle(job, "retry", text, self.retry.delay_for(exc, job.attempts, self._rand))
+        return Settle(job, "retry", text, (retry or self.retry).delay_for(exc, job.attempts, self._rand))
 
     async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
         """Write every outcome but "done" for many claims in one statement (fenced by lease
@@ -230,12 +230,12 @@ class JobStore:
         row = await tx.fetch_one(Q.complete_in_tx, {"id": job.id, "lease": job.lease})
         return row is not None
 
-    async def fail(self, job: Job, error: BaseException | str) -> FailOutcome:
+    async def fail(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> FailOutcome:
         """Record a failed attempt now: retry later with backoff, or fail for good (see ``decide``).
 
         Nothing changes when this claim no longer holds the job (``stale``).
         """
-        return await self._settle_one(self.decide(job, error))
+        return await self._settle_one(self.decide(job, error, retry=retry))
 
     async def _settle_one(self, item: Settle) -> FailOutcome:
         done = (await self.settle_many([item])).get(item.job.id)

@@ -171,7 +171,10 @@ class Intake:
                 parsed = await trio.to_thread.run_sync(src.parse, headers, text)
             else:
                 parsed = src.parse(headers, text)
-            return parsed.dedup_key, list(parsed.jobs), None
+            jobs = list(parsed.jobs)
+            registry = self._deps.registry
+            # a job the source left without max_attempts gets its kind's (the App's handler)
+            return parsed.dedup_key, jobs if registry is None else registry.with_defaults(jobs), None
         except ParseError as exc:
             error = str(exc)
         except Exception as exc:

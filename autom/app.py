@@ -1,0 +1,349 @@
+"""``App`` and ``Router``: the user's registry of handlers, sources and schedules.
+
+A user builds one ``App`` in their own module and runs it with
+``AUTOM_APP=module:attr autom run`` (or ``--app``)::
+
+    app = App()                                   # every built-in included
+
+    @app.handler("shop.order", max_attempts=5, timeout=30)
+    async def order(ctx: HandlerContext, job: Job) -> None: ...
+
+    app.source(ShopSource(secret=...))            # POST /hooks/shop
+    app.schedule("shop.digest", daily_at="09:00")
+
+Handler modules that should not import the app register on a ``Router`` and
+the app module does ``app.include(router)`` (no circular imports; importing a
+handler module twice, as ``__main__`` and by name, makes no second App).
+
+The built-in sources, handlers and schedules are part of every App, so the
+default App is exactly autom's out-of-the-box behaviour; a user handler with a
+built-in kind (``site.form``) replaces the built-in one, and so does a user
+source with a built-in name. Registering one kind (or source name) twice in the
+user's own code is an error at registration. ``App.registry(settings)``
+validates the whole App at start (a schedule whose kind has no handler, for
+example) and freezes it into a ``Registry``, the read-only view the service
+uses: kind → ``HandlerSpec`` on the worker's hot path is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import re
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from autom.errors import ConfigError
+from autom.jobs.models import DEFAULT_MAX_ATTEMPTS, NewJob
+from autom.jobs.retry import RetryPolicy
+from autom.schedule import BUILTIN_SCHEDULES, Schedule
+from autom.sources.base import Source
+
+if TYPE_CHECKING:
+    from autom.config import Settings
+    from autom.context import HandlerContext
+    from autom.jobs.models import Job
+
+log = logging.getLogger("autom.app")
+
+Handler = Callable[["HandlerContext", "Job"], Awaitable[None]]
+"""A job handler: ``async def handle(ctx: HandlerContext, job: Job) -> None``."""
+
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+S = TypeVar("S")
+
+#: what ``POST /hooks/{name}`` accepts as a source name (URL-safe, no escaping needed)
+SOURCE_NAME = re.compile(r"[a-z0-9_-]+")
+#: a job kind: printable, no spaces (it is a metrics label and a log field)
+KIND = re.compile(r"[A-Za-z0-9_.:/-]{1,100}")
+
+
+class AppError(ConfigError):
+    """The App is wrong (a kind registered twice, a schedule without a handler, a bad source
+    name) or could not be loaded from AUTOM_APP: the message says what, in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One registered kind: its handler and how its jobs run.
+
+    ``max_attempts``: stored in the rows of this kind at enqueue when the producer
+    does not say. ``timeout``: seconds for one whole run (None: only the lease and the
+    shutdown grace bound it); a run past it is cancelled and counts as a failed
+    attempt ("timeout"), retried with backoff. ``retry``: this kind's backoff (None:
+    RETRY_BASE_SECONDS / RETRY_MAX_SECONDS).
+    """
+
+    kind: str
+    fn: Handler
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    timeout: float | None = None
+    retry: RetryPolicy | None = None
+    builtin: bool = False
+
+
+def _check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or not KIND.fullmatch(kind):
+        raise AppError(f"a job kind must be 1-100 characters of A-Z a-z 0-9 _ . : / -, got {kind!r}")
+    return kind
+
+
+def _describe_source(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def check_source(obj: object) -> Source:
+    """``obj`` if it meets the ``Source`` protocol with a URL-safe name, else ``AppError``."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name):
+        raise AppError(f"source {_describe_source(obj)}: name must be [a-z0-9_-]+ (it is the URL "
+                       f"/hooks/<name>), got {name!r}")
+    for method in ("verify", "dedup_key", "parse"):
+        if not callable(getattr(obj, method, None)):
+            raise AppError(f"source {name!r}: has no {method}() method (see autom.Source)")
+    secret_headers = getattr(obj, "secret_headers", None)
+    if not isinstance(secret_headers, frozenset | set | tuple | list) or not all(
+        isinstance(h, str) for h in secret_headers
+    ):
+        raise AppError(f"source {name!r}: secret_headers must be a set of header names (may be empty)")
+    if any(h != h.lower() for h in secret_headers):
+        raise AppError(f"source {name!r}: secret_headers must be lower-case header names")
+    return obj  # type: ignore[return-value]
+
+
+class Router:
+    """Handlers, sources and schedules registered apart from the App; ``app.include(router)`` adds them.
+
+    Every method of ``App`` that registers something is here: a handler module
+    makes ``router = Router()`` and decorates with ``@router.handler(...)``.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._sources: dict[str, Source] = {}
+        self._schedules: list[Schedule] = []
+
+    def handler(
+        self,
+        kind: str,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Callable[[H], H]:
+        """Register the decorated ``async def f(ctx, job) -> None`` for ``kind``; returns ``f`` unchanged.
+
+        ``max_attempts`` (≥ 1): the default stored in this kind's rows at enqueue.
+        ``timeout`` (seconds > 0, or None): the longest one run may take.
+        ``retry``: a ``RetryPolicy`` for this kind's backoff. A kind registered twice
+        (here or through ``include``) raises ``AppError``.
+        """
+        _check_kind(kind)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise AppError(f"handler {kind!r}: max_attempts must be a whole number ≥ 1, got {max_attempts!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf")
+        ):
+            raise AppError(f"handler {kind!r}: timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise AppError(f"handler {kind!r}: retry must be an autom.RetryPolicy, got {type(retry).__name__}")
+
+        def register(fn: H) -> H:
+            if not _is_async(fn):
+                raise AppError(f"handler {kind!r}: {getattr(fn, '__qualname__', fn)!r} must be an async def "
+                               "taking (ctx, job)")
+            self._add_handler(HandlerSpec(kind, fn, max_attempts, None if timeout is None else float(timeout),
+                                          retry))
+            return fn
+
+        return register
+
+    def source(self, obj: S) -> S:
+        """Accept webhooks at ``POST /hooks/{obj.name}`` with ``obj`` (a ``Source``); returns ``obj``."""
+        source = check_source(obj)
+        if source.name in self._sources:
+            raise AppError(f"source {source.name!r} is registered twice")
+        self._sources[source.name] = source
+        return obj
+
+    def schedule(
+        self,
+        kind: str,
+        *,
+        every_minutes: int | None = None,
+        daily_at: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Schedule:
+        """Enqueue ``kind`` every ``every_minutes`` (UTC slots) or daily at ``daily_at`` ("HH:MM", TZ).
+
+        The job's payload is ``payload`` plus ``"slot"`` (the slot's key). Its handler
+        may be registered before or after; a schedule whose kind has none fails at start.
+        """
+        _check_kind(kind)
+        try:
+            spec = Schedule(kind, every_minutes=every_minutes, daily_at=daily_at, payload=dict(payload or {}))
+        except ValueError as exc:
+            raise AppError(str(exc)) from None
+        if any(s.kind == kind and s.every_minutes == every_minutes and s.daily_at == daily_at
+               for s in self._schedules):
+            raise AppError(f"schedule {kind!r} ({every_minutes or daily_at}) is registered twice")
+        self._schedules.append(spec)
+        return spec
+
+    def include(self, router: Router) -> None:
+        """Add everything ``router`` registered; a kind or source name both have raises ``AppError``."""
+        if router is self:
+            raise AppError("a router cannot include itself")
+        for spec in router._handlers.values():
+            self._add_handler(spec)
+        for source in router._sources.values():
+            self.source(source)
+        for schedule in router._schedules:
+            self.schedule(schedule.kind, every_minutes=schedule.every_minutes, daily_at=schedule.daily_at,
+                          payload=schedule.payload)
+
+    def _add_handler(self, spec: HandlerSpec) -> None:
+        if spec.kind in self._handlers:
+            first = self._handlers[spec.kind].fn
+            raise AppError(f"handler kind {spec.kind!r} is registered twice ({_fn_name(first)} and "
+                           f"{_fn_name(spec.fn)})")
+        self._handlers[spec.kind] = spec
+
+
+def _is_async(fn: object) -> bool:
+    """Whether ``fn`` is an ``async def`` (a coroutine function, also through functools.wraps)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__wrapped__", None))
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class App(Router):
+    """The registry of one autom service: built-ins plus the user's handlers, sources and schedules.
+
+    ``App()`` includes every built-in (CONTRACT.md: sources, handlers, schedules).
+    ``App(builtins=False)`` starts empty (tests; a deployment that wants none).
+    """
+
+    def __init__(self, *, builtins: bool = True) -> None:
+        super().__init__()
+        self.builtins = builtins
+
+    def registry(self, settings: Settings) -> Registry:
+        """Validate the whole App and freeze it for a service with ``settings``.
+
+        Raises ``AppError`` for a schedule whose kind has no handler. Built-in
+        sources are those whose secret is set in ``settings``; a user source of the
+        same name replaces one.
+        """
+        from autom.handlers import builtin_handlers
+        from autom.sources import enabled_sources
+
+        handlers: dict[str, HandlerSpec] = {}
+        sources: dict[str, Source] = {}
+        schedules: list[Schedule] = []
+        if self.builtins:
+            handlers.update(builtin_handlers())
+            sources.update(enabled_sources(settings))
+            schedules.extend(BUILTIN_SCHEDULES)
+        handlers.update(self._handlers)
+        sources.update(self._sources)
+        # a user schedule of a built-in kind replaces the built-in one (its slots stay unique by key)
+        user_kinds = {s.kind for s in self._schedules}
+        schedules = [s for s in schedules if s.kind not in user_kinds] + self._schedules
+        missing = sorted({s.kind for s in schedules if s.kind not in handlers})
+        if missing:
+            raise AppError(f"schedule without a handler: {', '.join(map(repr, missing))} (register one with "
+                           "@app.handler)")
+        # the schedule's jobs carry the kind's max_attempts like every other enqueue
+        schedules = [replace(s, max_attempts=handlers[s.kind].max_attempts) for s in schedules]
+        return Registry(handlers=handlers, sources=sources, schedules=tuple(schedules))
+
+    def validate(self, settings: Settings | None = None) -> None:
+        """Raise ``AppError`` if this App cannot start (``registry`` without keeping the result)."""
+        from autom.config import Settings
+
+        self.registry(settings or Settings())
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A validated App, as the running service sees it (read-only)."""
+
+    handlers: Mapping[str, HandlerSpec]
+    sources: Mapping[str, Source]
+    schedules: tuple[Schedule, ...] = ()
+    _max_attempts: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_max_attempts", {k: s.max_attempts for k, s in self.handlers.items()})
+
+    def with_defaults(self, jobs: Iterable[NewJob]) -> list[NewJob]:
+        """``jobs`` with each one's ``max_attempts`` set from its kind where the producer left it None."""
+        known = self._max_attempts
+        return [job if job.max_attempts is not None or job.kind not in known
+                else replace(job, max_attempts=known[job.kind]) for job in jobs]
+
+    def describe(self) -> str:
+        """One log line: the registered kinds, sources and schedules."""
+        kinds = ", ".join(sorted(self.handlers)) or "-"
+        sources = ", ".join(sorted(self.sources)) or "-"
+        schedules = ", ".join(f"{s.kind} ({f'every {s.every_minutes} min' if s.every_minutes else s.daily_at})"
+                              for s in self.schedules) or "-"
+        return f"handlers: {kinds}; sources: {sources}; schedules: {schedules}"
+
+
+# --- loading AUTOM_APP ---------------------------------------------------------------
+
+
+def load_app(spec: str, *, setting: str = "AUTOM_APP") -> App:
+    """Import ``module:attr`` and return the ``App`` it names.
+
+    The working directory is put on ``sys.path`` (as ``python -m`` would), so a
+    module beside the user's ``.env`` imports. Every failure is one ``AppError``
+    line naming ``setting``, the module and the error; for an exception raised while
+    importing the module, the file and line where it was raised.
+    """
+    module_name, sep, attr = spec.strip().partition(":")
+    if not sep or not module_name or not attr or not all(part.isidentifier() for part in module_name.split(".")):
+        raise AppError(f"{setting}={spec!r} must be module:attribute, for example shop_automations:app")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise AppError(f"{setting}={spec}: cannot import module {module_name!r}: {_where(exc)}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppError(f"{setting}={spec}: module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, App):
+        raise AppError(f"{setting}={spec}: {module_name}.{attr} is a {type(obj).__name__}, not an autom.App")
+    return obj
+
+
+def _where(exc: BaseException) -> str:
+    """``"ExcType: message (file.py, line N)"``: where the import failed, without a traceback."""
+    message = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    if frames:
+        last = frames[-1]
+        text += f" ({last.filename}, line {last.lineno})"
+    return text
+
+
+def default_app() -> App:
+    """The App ``autom run`` serves without AUTOM_APP: every built-in, nothing else."""
+    return App()

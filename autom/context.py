@@ -1,0 +1,299 @@
+"""``HandlerContext``: everything a handler may use, one per run of a job.
+
+::
+
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.once(f"crm:{job.payload['id']}") as todo:      # a side effect done once
+            if todo:
+                r = await ctx.http.post(CRM, json=job.payload,
+                                        headers={"Idempotency-Key": ctx.idempotency_key("crm")})
+                ctx.check(r)                                         # 4xx but 429 → PermanentError
+        async with ctx.transaction() as tx:                          # committed with the job's "done"
+            await tx.execute("insert into orders (id) values (%s) on conflict do nothing", [job.payload["id"]])
+        await ctx.enqueue("telegram.send", {"chat_id": MANAGER, "text": "New order"}, recipient=str(MANAGER))
+
+Work committed with its job: what ``enqueue`` buffers and what ``transaction()``
+blocks write commit in one transaction with the update that marks the job done,
+fenced by the claim's lease generation; if the handler raises, times out, or
+lost its lease, none of it is written (``autom.jobs.handler_tx``).
+
+``once(key)`` is different on purpose: its record commits at the clean exit of
+the block, in its own short transaction (also fenced), so that a crash after
+the block does not repeat the effect. The window it cannot close: the process
+dies after the effect happened and before the record commits (a few
+milliseconds). Cure: pass ``ctx.idempotency_key(name)`` to the API as its
+idempotency key, so a repeat is recognised on the other side.
+
+The context is created per run on the worker's hot path: three fields, no I/O;
+the logger, the transaction and the enqueue buffer are made only when used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import trio
+
+from autom.checks import check as _check
+from autom.db.queries import Q
+from autom.errors import PermanentError, TransientError
+from autom.jobs.handler_tx import HandlerTransaction
+from autom.jobs.models import Job, NewJob
+from autom.sources.base import key_text
+
+if TYPE_CHECKING:
+    from autom.app import Registry
+    from autom.config import Settings
+    from autom.db.bridge import Database, Tx
+    from autom.telegram import TelegramClient
+
+#: how long recording a ``once`` key may take when the run is being cancelled
+ONCE_RECORD_SECONDS = 5.0
+
+
+class LeaseLost(TransientError):
+    """This run no longer holds its job (the lease ran out and another claim took it)."""
+
+
+class BoundedHTTP(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` whose every request has a total deadline (HTTP_TIMEOUT_SECONDS).
+
+    httpx's own timeouts bound each socket operation, not the request: a server that
+    trickles its answer passes them (ARCHITECTURE.md). ``send`` (which ``get``,
+    ``post``... all go through) is wrapped in ``trio.fail_after``; past the deadline the
+    request raises ``httpx.TimeoutException`` (a transient failure for the queue). For
+    ``stream=True`` requests the deadline covers the answer's headers only.
+    """
+
+    def __init__(self, *, deadline: float, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", httpx.Timeout(deadline))
+        super().__init__(**kwargs)
+        self.deadline = deadline
+
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        """Send ``request`` within ``deadline`` seconds in total."""
+        try:
+            with trio.fail_after(self.deadline):
+                return await super().send(request, **kwargs)
+        except trio.TooSlowError:
+            pass
+        # raised outside the except block: the message has no URL (it may carry a token)
+        raise httpx.TimeoutException(
+            f"{request.method} {request.url.host}: no complete answer within {self.deadline:g} s "
+            "(HTTP_TIMEOUT_SECONDS)", request=request)
+
+
+class _JobLog(logging.LoggerAdapter):
+    """A logger that adds the job's id, kind and attempt to every line (and keeps the caller's extra)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
+
+
+class Services:
+    """What every run of one worker pool shares: built once by the service."""
+
+    __slots__ = ("db", "http", "registry", "settings", "telegram")
+
+    def __init__(self, *, settings: Settings, db: Database, telegram: TelegramClient,
+                 http: httpx.AsyncClient | None, registry: Registry) -> None:
+        self.settings = settings
+        self.db = db
+        self.telegram = telegram
+        self.http = http
+        self.registry = registry
+
+
+class RunState:
+    """The mutable part of one run: what it enqueued, its transaction, the once keys it recorded."""
+
+    __slots__ = ("enqueued", "once_recorded", "tx")
+
+    def __init__(self) -> None:
+        self.enqueued: list[NewJob] = []
+        self.tx: HandlerTransaction | None = None
+        self.once_recorded: list[str] = []
+
+    @property
+    def needs_transaction(self) -> bool:
+        """Whether the run's outcome must be written in its own transaction (not the batched "done")."""
+        return bool(self.enqueued) or (self.tx is not None and self.tx.opened)
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What a handler may use while it runs one job (see the module docstring)."""
+
+    job: Job
+    _services: Services
+    _state: RunState
+
+    # -- the job and its services -------------------------------------------------------
+
+    @property
+    def telegram(self) -> TelegramClient:
+        """The Bot API client: ``await ctx.telegram.send_message(chat_id, text)`` (Retry / PermanentError /
+        TransientError on failure, within HTTP_TIMEOUT_SECONDS and Telegram's rate limits)."""
+        return self._services.telegram
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """A shared ``httpx.AsyncClient``; each request is bounded by HTTP_TIMEOUT_SECONDS in total."""
+        http = self._services.http
+        if http is None:
+            raise RuntimeError("this service was built without an HTTP client (Deps.http)")
+        return http
+
+    @property
+    def settings(self) -> Settings:
+        """The service's settings."""
+        return self._services.settings
+
+    @property
+    def db(self) -> Database:
+        """The service's database, outside the job's transaction (built-in maintenance handlers use it;
+        a handler's own writes belong in ``transaction()``, which commits with the job)."""
+        return self._services.db
+
+    @property
+    def log(self) -> logging.LoggerAdapter:
+        """A logger (``autom.handlers.<kind>``) whose lines carry the job's id, kind and attempt."""
+        job = self.job
+        return _JobLog(logging.getLogger(f"autom.handlers.{job.kind}"),
+                       {"job_id": job.id, "kind": job.kind, "attempt": job.attempts})
+
+    @property
+    def deadline(self) -> float:
+        """When this run must be over, on trio's clock (compare with ``trio.current_time()``).
+
+        The earliest of the kind's ``timeout``, the lease (moved on by each renewal) and
+        the shutdown grace: the effective deadline of the handler's task; ``inf`` when
+        nothing bounds it. Read it where the handler runs.
+        """
+        return trio.current_effective_deadline()
+
+    # -- outcomes of external calls -------------------------------------------------------
+
+    def check(self, response: httpx.Response) -> None:
+        """Return if ``response`` is a 2xx; else raise what the queue should do.
+
+        429 → ``Retry`` (after its Retry-After); another 4xx → ``PermanentError`` (the job
+        fails for good); 5xx and anything else → ``TransientError`` (retried with backoff).
+        The message names the method and host, never the URL.
+        """
+        request = response.request
+        _check(response, f"HTTP {request.method} {request.url.host}")
+
+    def idempotency_key(self, name: str) -> str:
+        """A key for an external API's idempotency header, stable for this job across its retries.
+
+        ``autom-<job id>-<name>``: a retry (or a rerun after a crash) sends the same key, so
+        the other side recognises the repeat; another job gets another key.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("ctx.idempotency_key needs a non-empty name")
+        return f"autom-{self.job.id}-{name.strip()}"
+
+    # -- follow-up jobs -----------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        recipient: str | int | None = None,
+        run_at: datetime | timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        """Enqueue a job of ``kind`` when this job completes (in the same transaction).
+
+        Nothing is written if this run raises, times out or loses its lease. ``key``:
+        created once per key. ``recipient``: the FIFO group (a chat id: one at a time,
+        in order). ``run_at``: an aware datetime, or a delay. ``max_attempts``: default
+        the kind's. Raises ``PermanentError`` at the call for a kind no handler serves or
+        a payload that is not a JSON object.
+        """
+        spec = self._services.registry.handlers.get(kind)
+        if spec is None:
+            raise PermanentError(f"ctx.enqueue: no handler is registered for kind {kind!r}")
+        payload = {} if payload is None else payload
+        if not isinstance(payload, dict):
+            raise PermanentError(f"ctx.enqueue({kind!r}): payload must be a JSON object (a dict), "
+                                 f"got {type(payload).__name__}")
+        try:
+            json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise PermanentError(f"ctx.enqueue({kind!r}): payload is not JSON-serialisable: {exc}") from None
+        if isinstance(run_at, timedelta):
+            run_at = datetime.now().astimezone() + run_at
+        elif run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+            raise PermanentError(f"ctx.enqueue({kind!r}): run_at must be a timezone-aware datetime or a timedelta")
+        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                         or max_attempts < 1):
+            raise PermanentError(f"ctx.enqueue({kind!r}): max_attempts must be a whole number ≥ 1")
+        self._state.enqueued.append(NewJob(
+            kind, payload, key=None if key is None else key_text(key),
+            recipient=None if recipient is None else str(recipient), run_at=run_at,
+            max_attempts=spec.max_attempts if max_attempts is None else max_attempts,
+        ))
+        await trio.lowlevel.checkpoint()
+
+    # -- writes committed with the job ----------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """A block of writes that commits with this job's completion (a savepoint in its transaction).
+
+        ``async with ctx.transaction() as tx: await tx.execute(sql, params)``; ``tx`` has
+        ``execute``, ``fetch_all``, ``fetch_one``, ``fetch_val`` and ``run(fn)`` (``fn(conn)``
+        with a psycopg connection). A block that raises undoes its own writes; a handler
+        that raises (or loses its lease) commits none. The transaction holds a database
+        connection from its first block until the job is completed.
+        """
+        state = self._state
+        if state.tx is None:
+            state.tx = HandlerTransaction(self._services.db)
+        async with state.tx.block() as tx:
+            yield tx
+
+    # -- side effects done once -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def once(self, key: str) -> AsyncIterator[bool]:
+        """``async with ctx.once(key) as todo``: ``todo`` is True until a block that got True exits cleanly.
+
+        At that exit the key is recorded at once (its own short transaction, fenced by this
+        run's lease), and every later run of any job gets False. A block that raises
+        records nothing. Keys longer than 200 characters are stored as their SHA-256.
+        """
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError("ctx.once needs a non-empty key")
+        stored = key_text(key)
+        assert stored is not None
+        db = self._services.db
+        seen = await db.fetch_val(Q.once_seen, {"key": stored})
+        todo = not seen
+        yield todo
+        if not todo:
+            return
+        job = self.job
+        # shielded: the effect happened; its record must not be lost to a timeout or shutdown
+        with trio.CancelScope(shield=True), trio.fail_after(ONCE_RECORD_SECONDS):
+            row = await db.fetch_one(Q.once_record, {"key": stored, "job_id": job.id, "lease": job.lease})
+        if not row or not row["held"]:
+            raise LeaseLost(f"ctx.once({key!r}): the effect ran but this run lost its lease before recording it")
+        self._state.once_recorded.append(stored)
+
+
+def new_context(job: Job, services: Services) -> HandlerContext:
+    """The context of one run of ``job`` (the worker's hot path: no I/O)."""
+    return HandlerContext(job, services, RunState())

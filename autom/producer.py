@@ -1,0 +1,102 @@
+"""``autom.enqueue`` and ``autom.enqueue_sync``: hand work to autom from another program.
+
+::
+
+    # a web app (any framework), in the same transaction as its own writes
+    with psycopg.connect(DSN) as conn:
+        conn.execute("insert into orders ...")
+        autom.enqueue_sync(conn, "shop.order", {"id": 42}, key="order:42")
+
+    # trio or asyncio code
+    job_id = await autom.enqueue(DSN, "shop.order", {"id": 42})
+
+Both take a DSN (a short connection of their own, committed at once) or a psycopg
+3 ``Connection`` (the caller's transaction: committed with the caller's writes, or
+not at all). The SQL underneath is a function any language can call (README,
+"Enqueue from outside")::
+
+    select autom_enqueue('[{"kind": "shop.order", "payload": {"id": 42}, "key": "order:42"}]'::jsonb);
+
+The service wakes at once (the function NOTIFYs ``autom_jobs``). A job of a kind no
+handler serves fails permanently when a worker claims it, with an alert.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import anyio.to_thread
+
+from autom.db.producer import insert_at, insert_on
+from autom.jobs.models import NewJob
+from autom.jobs.store import jobs_json
+from autom.sources.base import key_text
+
+
+def new_job(
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    recipient: str | int | None = None,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> NewJob:
+    """A checked ``NewJob``: ``ValueError`` / ``TypeError`` for what the database would refuse later."""
+    if not isinstance(kind, str) or not kind.strip():
+        raise ValueError("a job needs a kind (a non-empty string)")
+    payload = {} if payload is None else payload
+    if not isinstance(payload, dict):
+        raise TypeError(f"the payload must be a JSON object (a dict), got {type(payload).__name__}")
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the payload is not JSON-serialisable: {exc}") from None
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+        raise ValueError("run_at must be a timezone-aware datetime")
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or max_attempts < 1):
+        raise ValueError("max_attempts must be a whole number ≥ 1")
+    return NewJob(kind, payload, key=None if key is None else key_text(key),
+                  recipient=None if recipient is None else str(recipient), run_at=run_at,
+                  max_attempts=max_attempts)
+
+
+def enqueue_sync(
+    database: Any,
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    recipient: str | int | None = None,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int | None:
+    """Enqueue one job from synchronous code; returns its id, or None when a job with ``key`` exists.
+
+    ``database``: a DSN (committed at once) or a psycopg 3 ``Connection`` (the job
+    commits with that connection's transaction). ``max_attempts`` None: 8.
+    """
+    text = jobs_json([new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)])
+    return _first(insert_at(database, text) if isinstance(database, str) else insert_on(database, text))
+
+
+async def enqueue(
+    database: Any,
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    recipient: str | int | None = None,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+) -> int | None:
+    """``enqueue_sync`` for async code (trio or asyncio): the database call runs in a worker thread."""
+    text = jobs_json([new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)])
+    return _first(await anyio.to_thread.run_sync(insert_at if isinstance(database, str) else insert_on, database, text))
+
+
+def _first(ids: list[int]) -> int | None:
+    return ids[0] if ids else None

@@ -1,0 +1,228 @@
+"""The public API end to end on a real PostgreSQL: App, HandlerContext, atomic publication,
+ctx.once, timeouts, bad input. Jobs run through the worker's real claim and completion
+path (``autom.testing``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from autom import App, HandlerContext, Job, PermanentError, Router
+from autom.app import AppError
+from autom.testing import open_testbed
+
+
+def count(dsn: str, sql: str, *params: Any) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql, params).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def notes_table(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("create table notes (job_id bigint, text text)")
+
+
+async def test_enqueued_jobs_and_written_rows_commit_with_the_job(dsn: str) -> None:
+    notes_table(dsn)
+    app = App(builtins=False)
+
+    @app.handler("order")
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("insert into notes values (%s, %s)", [job.id, "seen"])
+        await ctx.enqueue("notify", {"order": job.payload["id"]}, recipient=42)
+
+    @app.handler("notify", max_attempts=3)
+    async def notify(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("order", {"id": 7})
+    assert run.status == "done", run.error
+    follow = run.assert_enqueued("notify", order=7)
+    assert (follow.recipient, follow.max_attempts) == ("42", 3)  # the kind's max_attempts
+    assert count(dsn, "select count(*) from notes where job_id = %s", run.id) == 1
+
+
+async def test_a_handler_that_raises_after_enqueueing_commits_nothing(dsn: str) -> None:
+    notes_table(dsn)
+    app = App(builtins=False)
+
+    @app.handler("order", max_attempts=2)
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("insert into notes values (%s, %s)", [job.id, "half"])
+        await ctx.enqueue("notify", {"order": 1})
+        raise RuntimeError("the CRM is down")
+
+    @app.handler("notify")
+    async def notify(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("order", {"id": 1})
+    assert run.status == "pending" and run.error == "RuntimeError: the CRM is down"
+    assert run.enqueued == []
+    assert count(dsn, "select count(*) from jobs where kind = 'notify'") == 0
+    assert count(dsn, "select count(*) from notes") == 0
+
+
+async def test_a_block_that_raises_undoes_only_its_own_writes(dsn: str) -> None:
+    notes_table(dsn)
+    app = App(builtins=False)
+
+    @app.handler("order")
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("insert into notes values (%s, 'kept')", [job.id])
+        with pytest.raises(ValueError):
+            async with ctx.transaction() as tx:
+                await tx.execute("insert into notes values (%s, 'undone')", [job.id])
+                raise ValueError("changed my mind")
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("order")
+    assert run.status == "done", run.error
+    assert count(dsn, "select count(*) from notes where text = 'kept'") == 1
+    assert count(dsn, "select count(*) from notes where text = 'undone'") == 0
+
+
+async def test_a_run_that_lost_its_lease_commits_nothing(dsn: str) -> None:
+    notes_table(dsn)
+    app = App(builtins=False)
+
+    @app.handler("order")
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("insert into notes values (%s, 'stale')", [job.id])
+        await ctx.enqueue("notify", {})
+        # another claim takes the job meanwhile (as after an expired lease): a new generation
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("update jobs set lease = lease + 1 where id = %s", [job.id])
+
+    @app.handler("notify")
+    async def notify(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("order")
+    assert run.status == "running" and run.enqueued == []
+    assert count(dsn, "select count(*) from notes") == 0
+
+
+async def test_once_runs_its_effect_once_across_a_crash_and_retry(dsn: str) -> None:
+    effects: list[int] = []
+    app = App(builtins=False)
+
+    @app.handler("charge")
+    async def charge(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.once(f"charge:{job.payload['id']}") as todo:
+            if todo:
+                effects.append(job.attempts)
+        if job.attempts == 1:
+            raise RuntimeError("crashed after the effect")
+
+    async with open_testbed(app, database_url=dsn, settings={"retry_base_seconds": 0.01,
+                                                             "retry_max_seconds": 0.01}) as bed:
+        first = await bed.run_job("charge", {"id": 5})
+        assert first.status == "pending" and first.once_keys == ["charge:5"]
+        with trio.fail_after(10):
+            while count(dsn, "select count(*) from jobs where id = %s and run_at <= now()", first.id) == 0:
+                await trio.sleep(0.01)
+        second = await bed.run(first.id)
+    assert second.status == "done", second.error
+    assert effects == [1]
+
+
+async def test_a_once_block_that_raises_records_nothing(dsn: str) -> None:
+    app = App(builtins=False)
+
+    @app.handler("charge", max_attempts=1)
+    async def charge(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.once("charge:9") as todo:
+            assert todo
+            raise RuntimeError("the card was declined")
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("charge")
+    assert run.status == "failed" and run.once_keys == []
+    assert count(dsn, "select count(*) from autom_once") == 0
+
+
+async def test_a_kind_timeout_cancels_the_run_and_retries_it(dsn: str) -> None:
+    app = App(builtins=False)
+
+    @app.handler("slow", timeout=0.2)
+    async def slow(ctx: HandlerContext, job: Job) -> None:
+        assert ctx.deadline <= trio.current_time() + 0.2
+        await trio.sleep(30)
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("slow")
+    assert run.status == "pending" and run.attempts == 1
+    assert run.error is not None and run.error.startswith("HandlerTimeout: timeout:")
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    ("return 5", "returned a int; a handler must return None"),
+    ("await ctx.enqueue('nobody', {})", "no handler is registered for kind 'nobody'"),
+    ("await ctx.enqueue('ok', {'when': object()})", "payload is not JSON-serialisable"),
+    ("await ctx.enqueue('ok', [1])", "payload must be a JSON object"),
+])
+async def test_mistakes_fail_the_job_with_a_clear_message(dsn: str, body: str, error: str) -> None:
+    app = App(builtins=False)
+    namespace: dict[str, Any] = {}
+    exec(f"async def bad(ctx, job):\n    {body}\n", namespace)  # noqa: S102 (the handler under test)
+    app.handler("bad")(namespace["bad"])
+
+    @app.handler("ok")
+    async def ok(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("bad")
+    assert run.status == "failed" and run.attempts == 1
+    assert run.error is not None and error in run.error
+
+
+async def test_once_with_an_empty_key_is_refused_at_the_call(dsn: str) -> None:
+    app = App(builtins=False)
+
+    @app.handler("bad", max_attempts=1)
+    async def bad(ctx: HandlerContext, job: Job) -> None:
+        async with ctx.once(" "):
+            pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("bad")
+    assert run.error == "ValueError: ctx.once needs a non-empty key"
+
+
+def test_registration_mistakes_fail_at_registration_or_start() -> None:
+    app = App()
+
+    async def handler(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    app.handler("site.form")(handler)  # replacing a built-in kind is allowed
+    with pytest.raises(AppError, match="'site.form' is registered twice"):
+        app.handler("site.form")(handler)
+    router = Router()
+    router.handler("shop.order")(handler)
+    app.include(router)
+    with pytest.raises(AppError, match="registered twice"):
+        app.include(router)
+    with pytest.raises(AppError, match=r"name must be \[a-z0-9_-\]\+"):
+        app.source(type("Bad", (), {"name": "Shop Orders", "secret_headers": frozenset()})())
+    with pytest.raises(AppError, match="must be an async def"):
+        app.handler("sync")(lambda ctx, job: None)
+    app.schedule("shop.digest", daily_at="09:00")
+    with pytest.raises(AppError, match="schedule without a handler: 'shop.digest'"):
+        app.validate()
+    with pytest.raises(AppError, match="daily_at"):
+        app.schedule("shop.digest", daily_at="9 am")
