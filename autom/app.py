@@ -337,7 +337,9 @@ def _where(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    # the user's frames: not importlib's machinery, not this loader
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and f.filename != __file__]
     if frames:
         last = frames[-1]
         text += f" ({last.filename}, line {last.lineno})"

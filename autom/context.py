@@ -90,7 +90,7 @@ class BoundedHTTP(httpx.AsyncClient):
             "(HTTP_TIMEOUT_SECONDS)", request=request)
 
 
-class _JobLog(logging.LoggerAdapter):
+class _JobLog(logging.LoggerAdapter[logging.Logger]):
     """A logger that adds the job's id, kind and attempt to every line (and keeps the caller's extra)."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
@@ -164,7 +164,7 @@ class HandlerContext:
         return self._services.db
 
     @property
-    def log(self) -> logging.LoggerAdapter:
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger (``autom.handlers.<kind>``) whose lines carry the job's id, kind and attempt."""
         job = self.job
         return _JobLog(logging.getLogger(f"autom.handlers.{job.kind}"),

@@ -269,6 +269,21 @@ def id_field(obj: Mapping[str, Any], name: str = "id") -> str | None:
     return None
 
 
+def recipient_of(prefix: str, value: object) -> str | None:
+    """A recipient ``"<prefix>:<value>"`` for a string or integer id (an email is lower-cased), else None.
+
+    Recipients make a sender's jobs about one subject (a repository, a customer, a form's
+    sender) run one at a time and in order, and share the workers fairly with others.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value).strip()
+    if "@" in text:
+        text = text.lower()
+    key = key_text(text)
+    return None if key is None else f"{prefix}:{key}"
+
+
 def verify_sha256_header(headers: Headers, body: bytes, secret: bytes, header: str, sender: str) -> None:
     """The ``<header>: sha256=<hex HMAC-SHA256 of the raw body>`` scheme (site, GitHub).
 

@@ -23,6 +23,7 @@ from autom.sources.base import (
     ParseError,
     key_text,
     load_object,
+    recipient_of,
     single_token,
     verify_sha256_header,
 )
@@ -58,7 +59,8 @@ class GitHubSource:
         """One ``github.event`` job: ``{"event", "delivery", "body"}``, key ``github:<delivery>``.
 
         ``event`` and ``delivery`` are ``None`` when their header is missing (then the
-        job has no key).
+        job has no key). Recipient ``github:<owner/repo>`` (the body's
+        ``repository.full_name``) when there is one: a repository's events in order.
         """
         event = load_object(_json_text(headers, text))
         delivery = single_token(headers, DELIVERY_HEADER)
@@ -68,7 +70,10 @@ class GitHubSource:
             "delivery": delivery,
             "body": event,
         }
-        job = NewJob(kind="github.event", payload=payload, key=None if dedup is None else f"github:{dedup}")
+        repository = event.get("repository")
+        job = NewJob(kind="github.event", payload=payload, key=None if dedup is None else f"github:{dedup}",
+                     recipient=recipient_of("github", repository.get("full_name"))
+                     if isinstance(repository, dict) else None)
         return Parsed(dedup, [job])
 
 

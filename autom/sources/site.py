@@ -15,6 +15,7 @@ from autom.sources.base import (
     id_field,
     load_object,
     object_or_none,
+    recipient_of,
     verify_sha256_header,
 )
 
@@ -44,9 +45,12 @@ class SiteSource:
         """One ``site.form`` job whose payload is the body object; key ``site:<id>`` if it has an id.
 
         ``id`` values that are neither strings nor integers (floats, booleans, objects)
-        are not ids: the job gets no key and the event no dedup key.
+        are not ids: the job gets no key and the event no dedup key. Recipient
+        ``site:<email>`` (lower-cased) when the form has an ``email``: one sender's forms
+        are handled one at a time, in order.
         """
         form = load_object(text)
         dedup = id_field(form)
-        job = NewJob(kind="site.form", payload=form, key=None if dedup is None else f"site:{dedup}")
+        job = NewJob(kind="site.form", payload=form, key=None if dedup is None else f"site:{dedup}",
+                     recipient=recipient_of("site", form.get("email")))
         return Parsed(dedup, [job])

@@ -12,6 +12,8 @@ signature cannot be made to live longer than 2 × tolerance by a skewed clock.
 
 from __future__ import annotations
 
+from typing import Any
+
 from autom.errors import VerificationError
 from autom.jobs.models import NewJob
 from autom.sources.base import (
@@ -26,6 +28,7 @@ from autom.sources.base import (
     load_object,
     object_or_none,
     parse_timestamp,
+    recipient_of,
     required_header,
     within_tolerance,
 )
@@ -101,13 +104,27 @@ class StripeSource:
         """One ``stripe.event`` job whose payload is the event, key ``stripe:<id>``.
 
         Every Stripe event has a string ``id``; a body without one is not Stripe's
-        (``ParseError``).
+        (``ParseError``). Recipient ``stripe:<customer id>``: ``data.object.customer``, or
+        the object's own id when it is a customer; a customer's events in order.
         """
         event = load_object(text)
         dedup = id_field(event) if isinstance(event.get("id"), str) else None
         if dedup is None:
             raise ParseError("stripe event has no string id")
-        return Parsed(dedup, [NewJob(kind="stripe.event", payload=event, key=f"stripe:{dedup}")])
+        return Parsed(dedup, [NewJob(kind="stripe.event", payload=event, key=f"stripe:{dedup}",
+                                     recipient=_customer(event))])
+
+
+def _customer(event: dict[str, Any]) -> str | None:
+    """The customer an event is about, as a recipient (``None`` for events of no customer)."""
+    data = event.get("data")
+    obj = data.get("object") if isinstance(data, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    customer = obj.get("id") if obj.get("object") == "customer" else obj.get("customer")
+    if isinstance(customer, dict):  # an expanded customer object
+        customer = customer.get("id")
+    return recipient_of("stripe", customer)
 
 
 def _hex_digest(value: str) -> bytes | None:

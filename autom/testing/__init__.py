@@ -168,31 +168,33 @@ class Testbed:
         job_id = await self.enqueue(kind, payload, key=key, recipient=recipient, max_attempts=max_attempts)
         return await self.run(job_id)
 
-    async def run(self, job_id: int) -> JobRun:
-        """Claim pending job ``job_id`` (with the service's claim) and run it once; report what happened.
+    async def run(self, job_id: int, *, wait: float = 10.0) -> JobRun:
+        """Claim job ``job_id`` (with the service's claim) and run it once; report what happened.
 
-        Other due jobs the claim takes on the way (follow-ups of earlier runs) are
-        put back untouched. AssertionError if the job cannot be claimed now (not
-        pending, not due, or its recipient busy).
+        Waits up to ``wait`` seconds for the job to become claimable (a retry's backoff,
+        its recipient's earlier job). Other due jobs the claim takes on the way
+        (follow-ups of earlier runs) are put back untouched. AssertionError if the job
+        cannot be claimed in time.
         """
         store = self.deps.store
-        others = []
         mine = None
-        while mine is None:
-            claimed = await store.claim(100)
-            if not claimed:
-                break
-            for job in claimed:
-                if job.id == job_id:
-                    mine = job
-                else:
-                    others.append(job)
-        if others:
-            await store.release(others)
+        with trio.move_on_after(wait):
+            while mine is None:
+                others = []
+                while mine is None and (claimed := await store.claim(100)):
+                    for job in claimed:
+                        if job.id == job_id:
+                            mine = job
+                        else:
+                            others.append(job)
+                if others:
+                    await store.release(others)
+                if mine is None:
+                    await trio.sleep(0.02)
         if mine is None:
             row = await store.get(job_id)
             state = "no such job" if row is None else f"status {row['status']}, run_at {row['run_at']}"
-            raise AssertionError(f"job {job_id} could not be claimed ({state})")
+            raise AssertionError(f"job {job_id} could not be claimed within {wait:g} s ({state})")
         last = await self.db.fetch_val(Q.testing_last_job_id)
         await self._pool.run_claimed(mine)
         row = await store.get(job_id)
@@ -271,7 +273,7 @@ async def open_testbed(
         values: dict[str, Any] = {
             "database_url": dsn, "telegram_bot_token": TEST_BOT_TOKEN, "telegram_alert_chat_id": "-1",
             "telegram_api": stub.url, "host": "127.0.0.1", "port": 0, "log_format": "text",
-            "retry_base_seconds": 1.0, "retry_max_seconds": 5.0, "shutdown_grace_seconds": 2.0,
+            "retry_base_seconds": 0.1, "retry_max_seconds": 1.0, "shutdown_grace_seconds": 2.0,
         }
         values.update(settings or {})
         config = Settings(**values)

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import trio
 
-from autom import App, HandlerContext, Job, PermanentError, Router
+from autom import App, HandlerContext, Job, Router
 from autom.app import AppError
 from autom.testing import open_testbed
 
@@ -210,7 +210,7 @@ def test_registration_mistakes_fail_at_registration_or_start() -> None:
         pass
 
     app.handler("site.form")(handler)  # replacing a built-in kind is allowed
-    with pytest.raises(AppError, match="'site.form' is registered twice"):
+    with pytest.raises(AppError, match=r"'site\.form' is registered twice"):
         app.handler("site.form")(handler)
     router = Router()
     router.handler("shop.order")(handler)
@@ -222,7 +222,7 @@ def test_registration_mistakes_fail_at_registration_or_start() -> None:
     with pytest.raises(AppError, match="must be an async def"):
         app.handler("sync")(lambda ctx, job: None)
     app.schedule("shop.digest", daily_at="09:00")
-    with pytest.raises(AppError, match="schedule without a handler: 'shop.digest'"):
+    with pytest.raises(AppError, match=r"schedule without a handler: 'shop\.digest'"):
         app.validate()
     with pytest.raises(AppError, match="daily_at"):
         app.schedule("shop.digest", daily_at="9 am")

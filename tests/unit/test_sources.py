@@ -273,7 +273,8 @@ class TestSiteDedupAndParse:
         body = {"id": "f-1", "email": "a@example.com", "fields": {"n": [1, 2.5, None]}}
         parsed = SITE.parse({}, json.dumps(body))
         [job] = parsed.jobs
-        assert (job.kind, job.key, job.recipient, job.payload) == ("site.form", "site:f-1", None, body)
+        assert (job.kind, job.key, job.payload) == ("site.form", "site:f-1", body)
+        assert job.recipient == "site:a@example.com"  # one sender's forms one at a time, in order
         assert_storable(parsed)
 
     def test_long_ids_are_hashed_into_a_bounded_key(self) -> None:
@@ -395,9 +396,15 @@ class TestGitHubDedupAndParse:
         delivery = self.HEADERS["x-github-delivery"]
         assert parsed.dedup_key == delivery
         [job] = parsed.jobs
-        assert job.kind == "github.event" and job.key == f"github:{delivery}" and job.recipient is None
+        assert job.kind == "github.event" and job.key == f"github:{delivery}"
+        assert job.recipient == "github:o/r"  # a repository's events run one at a time, in order
         assert job.payload == {"event": "push", "delivery": delivery, "body": body}
         assert_storable(parsed)
+
+    @pytest.mark.parametrize("body", [{"zen": "ok"}, {"repository": "o/r"}, {"repository": {"full_name": 5.5}}])
+    def test_an_event_of_no_repository_has_no_recipient(self, body: dict) -> None:
+        [job] = GH.parse(self.HEADERS, json.dumps(body)).jobs
+        assert job.recipient is None
 
     def test_form_encoded_payload_is_understood(self) -> None:
         from urllib.parse import urlencode
@@ -535,6 +542,18 @@ class TestStripeDedupAndParse:
         assert parsed.dedup_key == "evt_1"
         assert (job.kind, job.key, job.recipient, job.payload) == ("stripe.event", "stripe:evt_1", None, event)
         assert_storable(parsed)
+
+    @pytest.mark.parametrize(("obj", "recipient"), [
+        ({"object": "invoice", "customer": "cus_1"}, "stripe:cus_1"),
+        ({"object": "invoice", "customer": {"id": "cus_2", "object": "customer"}}, "stripe:cus_2"),
+        ({"object": "customer", "id": "cus_3"}, "stripe:cus_3"),
+        ({"object": "invoice", "customer": None}, None),
+        ({"object": "invoice", "customer": True}, None),
+    ])
+    def test_a_customers_events_have_the_customer_as_recipient(self, obj: dict, recipient: str | None) -> None:
+        event = {"id": "evt_2", "object": "event", "data": {"object": obj}}
+        [job] = STRIPE.parse({}, json.dumps(event)).jobs
+        assert job.recipient == recipient
 
     @pytest.mark.parametrize("text", ["{}", '{"id": 5}', '{"id": ""}', "[]", "x", '{"id": null}'])
     def test_events_without_string_id_are_parse_errors(self, text: str) -> None:

@@ -1,0 +1,115 @@
+"""A user's automations in their own module, served by the real ``autom run`` process,
+and the one-line failures of a module that cannot be served."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from autom.testing.telegram_stub import TelegramStub
+from tests.support.proc import clean_env, run_autom
+from tests.support.processes import autom_processes
+
+CRM_SECRET = "crm-secret"
+
+USER_MODULE = '''
+"""A user's automations: a signed `crm` webhook whose leads are announced in Telegram."""
+import hashlib, hmac
+from autom import App, HandlerContext, Job, NewJob, Parsed, Router, VerificationError
+from autom.sources.base import load_object
+
+router = Router()
+
+
+@router.handler("crm.lead", max_attempts=3, timeout=10)
+async def lead(ctx: HandlerContext, job: Job) -> None:
+    await ctx.enqueue("telegram.send", {"chat_id": 777, "text": f"lead {job.payload['name']}"},
+                      recipient="777")
+
+
+class CrmSource:
+    name = "crm"
+    secret_headers = frozenset({"x-crm-signature"})
+
+    def verify(self, headers, body, now):
+        expected = hmac.new(b"CRM_SECRET", body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(headers.get("x-crm-signature", ""), expected):
+            raise VerificationError("bad x-crm-signature")
+
+    def dedup_key(self, headers, body):
+        return None
+
+    def parse(self, headers, text):
+        lead = load_object(text)
+        return Parsed(None, [NewJob("crm.lead", lead, recipient=lead.get("email"))])
+
+
+app = App()
+app.include(router)
+app.source(CrmSource())
+'''.replace("CRM_SECRET", CRM_SECRET)
+
+
+async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, tmp_path: Path,
+                                                                       telegram_stub: TelegramStub) -> None:
+    workdir = tmp_path / "autom-1"  # the first process's working directory: its modules import
+    workdir.mkdir()
+    (workdir / "crm_automations.py").write_text(USER_MODULE)
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, AUTOM_APP="crm_automations:app")
+        body = json.dumps({"name": "Ada", "email": "ada@example.com"}).encode()
+        signature = hmac.new(CRM_SECRET.encode(), body, hashlib.sha256).hexdigest()
+        async with httpx.AsyncClient(base_url=proc.url, timeout=10) as client:
+            refused = await client.post("/hooks/crm", content=body, headers={"X-CRM-Signature": "0" * 64})
+            accepted = await client.post("/hooks/crm", content=body, headers={"X-CRM-Signature": signature})
+        assert (refused.status_code, accepted.status_code) == (401, 202)
+        assert accepted.json()["jobs"] == 1
+        with trio.fail_after(15):
+            calls = await telegram_stub.wait_for_calls(1, method="sendMessage")
+        assert [(c.params["chat_id"], c.params["text"]) for c in calls] == [(777, "lead Ada")]
+        registered = [r["msg"] for r in proc.log_records() if r.get("msg", "").startswith("registered")]
+        assert len(registered) == 1 and "crm.lead" in registered[0] and "crm," in registered[0]
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+
+
+def run_env(dsn: str = "postgresql://postgres@127.0.0.1:1/none", **extra: str) -> dict[str, str]:
+    return clean_env(DATABASE_URL=dsn, TELEGRAM_BOT_TOKEN="1:x", TELEGRAM_ALERT_CHAT_ID="1",
+                     TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a", **extra)
+
+
+@pytest.mark.parametrize(("module", "spec", "expected"), [
+    (None, "nowhere:app", "autom: AUTOM_APP=nowhere:app: cannot import module 'nowhere': "
+                          "ModuleNotFoundError: No module named 'nowhere'"),
+    ("x = 1\nraise RuntimeError('no CRM_URL set')\n", "broken:app",
+     "autom: AUTOM_APP=broken:app: cannot import module 'broken': RuntimeError: no CRM_URL set ({dir}/broken.py, "
+     "line 2)"),
+    ("def f(:\n", "broken:app", "autom: AUTOM_APP=broken:app: cannot import module 'broken': SyntaxError: "
+                                "invalid syntax ({dir}/broken.py, line 1)"),
+    ("app = 5\n", "broken:app", "autom: AUTOM_APP=broken:app: broken.app is a int, not an autom.App"),
+    ("import autom\n", "broken:app", "autom: AUTOM_APP=broken:app: module 'broken' has no attribute 'app'"),
+    ("import autom\napp = autom.App()\napp.schedule('nightly', daily_at='02:00')\n", "broken:app",
+     "autom: schedule without a handler: 'nightly' (register one with @app.handler)"),
+    (None, "no-colon", "autom: AUTOM_APP='no-colon' must be module:attribute, for example shop_automations:app"),
+])
+def test_an_app_that_cannot_be_served_is_one_line_exit_1(tmp_path: Path, module: str | None, spec: str,
+                                                         expected: str) -> None:
+    if module is not None:
+        (tmp_path / "broken.py").write_text(textwrap.dedent(module))
+    result = run_autom("run", env=run_env(AUTOM_APP=spec), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == expected.format(dir=tmp_path)
+
+
+def test_app_option_wins_over_the_setting_and_says_so(tmp_path: Path) -> None:
+    result = run_autom("run", "--app", "nowhere:app", env=run_env(AUTOM_APP="other:app"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("autom: --app=nowhere:app: cannot import module 'nowhere'")
