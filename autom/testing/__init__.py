@@ -20,9 +20,10 @@ test sees is what production does: no eager mode, no in-memory queue.
 Follow-up jobs a run enqueues are recorded (``run.enqueued``), not run; run
 them with ``run_job`` when the test wants to.
 
-External APIs your handlers call are faked at the network edge: serve a small
-stub on 127.0.0.1 and point your handler's URL setting at it (the example
-project's tests do this for its CRM).
+External APIs your handlers call are faked at the network edge:
+``running_http_stub()`` serves a recording JSON API on 127.0.0.1; point your
+handler's URL setting at its ``url`` (the example project's tests do this for
+its CRM).
 """
 
 from __future__ import annotations
@@ -51,18 +52,21 @@ from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.sources.base import hmac_sha256
 from autom.telegram import TelegramClient
+from autom.testing.http_stub import HttpStub, running_http_stub
 from autom.testing.telegram_stub import Reply, TelegramStub, running_stub
 from autom.worker import WorkerPool
 
 __all__ = [
     "Delivery",
     "EnqueuedJob",
+    "HttpStub",
     "JobRun",
     "Reply",
     "TelegramStub",
     "Testbed",
     "hmac_signature",
     "open_testbed",
+    "running_http_stub",
     "running_stub",
 ]
 

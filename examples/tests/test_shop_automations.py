@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import os
 
-from crm_stub import CrmStub, running_crm
 from shop_automations import build_app
 
 from autom import App
-from autom.testing import hmac_signature, open_testbed
+from autom.testing import HttpStub, hmac_signature, open_testbed
+from autom.testing import running_http_stub as running_crm
 
 ORDER = {"id": 1001, "email": "Ada@Example.com", "name": "Ada", "total": "42.00 EUR"}
 MANAGER = os.environ["MANAGER_CHAT_ID"]
 
 
-def shop(crm: CrmStub) -> App:
+def shop(crm: HttpStub) -> App:
     return build_app({**os.environ, "CRM_URL": crm.url})
 
 
@@ -52,7 +52,7 @@ async def test_a_refused_upsert_fails_the_order_for_good() -> None:
 
 async def test_the_digest_tells_the_manager_about_yesterday_and_telegram_gets_it() -> None:
     async with running_crm() as crm, open_testbed(shop(crm)) as bed:
-        crm.summary = {"count": 3, "total": "99.00 EUR"}
+        crm.default = {"count": 3, "total": "99.00 EUR"}
         digest = await bed.run_job("shop.digest", {"slot": "2026-12-02"})
         message = digest.assert_enqueued("telegram.send", chat_id=MANAGER)
         sent = await bed.run(message.id)

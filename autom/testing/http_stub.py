@@ -1,4 +1,14 @@
-"""A stub of the shop's CRM on 127.0.0.1 (the network edge): records requests, answers as told."""
+"""A stub of any JSON HTTP API on 127.0.0.1 (a CRM, a payment provider): the network edge of a test.
+
+::
+
+    async with running_http_stub() as crm:          # point your handler's CRM URL at crm.url
+        crm.answers = [(503, {"error": "busy"})]    # the next answers, in order; then `default`
+        ...
+    assert crm.requests[0]["method"] == "PUT"
+
+Every request is recorded (method, path, query, lower-cased headers, JSON body).
+"""
 
 from __future__ import annotations
 
@@ -15,13 +25,17 @@ from hypercorn.trio import serve
 
 
 @dataclass
-class CrmStub:
-    """Requests seen (method, path, query, headers, JSON body) and the next answers to give."""
+class HttpStub:
+    """Requests seen (method, path, query, headers, JSON body) and the answers to give.
+
+    ``answers``: (status, JSON body) pairs, given in order, one per request; when they
+    run out, every request gets 200 with ``default``.
+    """
 
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
-    answers: list[tuple[int, Any]] = field(default_factory=list)  # (status, JSON body), used in order
-    summary: dict[str, Any] = field(default_factory=lambda: {"count": 0, "total": 0})
+    answers: list[tuple[int, Any]] = field(default_factory=list)
+    default: Any = field(default_factory=dict)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -39,9 +53,9 @@ class CrmStub:
         self.requests.append({
             "method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
             "headers": {k.decode().lower(): v.decode() for k, v in scope["headers"]},
-            "json": json.loads(body) if body else None,
+            "json": _json_or_text(body),
         })
-        status, answer = self.answers.pop(0) if self.answers else (200, self.summary)
+        status, answer = self.answers.pop(0) if self.answers else (200, self.default)
         payload = json.dumps(answer).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json")]})
@@ -49,9 +63,9 @@ class CrmStub:
 
 
 @asynccontextmanager
-async def running_crm() -> AsyncIterator[CrmStub]:
-    """Serve a ``CrmStub`` on 127.0.0.1 (any free port) for the block."""
-    stub = CrmStub()
+async def running_http_stub() -> AsyncIterator[HttpStub]:
+    """Serve an ``HttpStub`` on 127.0.0.1 (any free port) for the block."""
+    stub = HttpStub()
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -65,3 +79,12 @@ async def running_crm() -> AsyncIterator[CrmStub]:
             yield stub
         finally:
             stopping.set()
+
+
+def _json_or_text(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
