@@ -290,6 +290,13 @@ class Registry:
         return [job if job.max_attempts is not None or job.kind not in known
                 else replace(job, max_attempts=known[job.kind]) for job in jobs]
 
+    def replay_sources(self) -> dict[str, Source]:
+        """Every source a stored event may come from, to parse it again: every built-in
+        (enabled or not, no secret needed to parse) and this App's own."""
+        from autom.sources import replay_sources
+
+        return {**replay_sources(), **self.sources}
+
     def describe(self) -> str:
         """One log line: the registered kinds, sources and schedules."""
         kinds = ", ".join(sorted(self.handlers)) or "-"

@@ -41,7 +41,7 @@ def _with_role(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(role=args.role) if args.role else settings
 
 
-def _app(args: argparse.Namespace, settings: Settings) -> Any:
+def _app(args: argparse.Namespace | None, settings: Settings) -> Any:
     """The App to serve: ``--app``, else AUTOM_APP, else the built-in one; validated now (exit 1 if wrong)."""
     from autom.app import App, load_app
 
@@ -109,7 +109,9 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
     assert settings.database_url
     try:
         async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
-            return await fn(Operations(db))  # replays need no source secret (Operations)
+            # replays need no source secret (Operations); AUTOM_APP's own sources replay too
+            sources = _app(None, settings).registry(settings).replay_sources() if settings.autom_app else None
+            return await fn(Operations(db, sources))
     except QueryError as exc:
         raise AutomError(query_error_message(exc)) from None
 

@@ -72,6 +72,7 @@ class Source(Protocol):
     503 instead of storing); a method ``verify_headers(headers)`` says the whole proof
     is in the headers (Telegram's secret): the door checks it before the body is read,
     and deliveries it proves are not rate limited by address.
+    Register one with ``App.source``.
     """
 
     name: str

@@ -110,7 +110,8 @@ class Admin:
     def __init__(self, deps: Deps) -> None:
         """Bind the routes to ``deps`` (settings for the token, database, doorbell)."""
         self._deps = deps
-        self._ops = Operations(deps.db)
+        # the App's own sources too: their stored events replay like the built-ins'
+        self._ops = Operations(deps.db, deps.registry.replay_sources() if deps.registry is not None else None)
         token = deps.settings.admin_token
         # Digests, so that compare_digest also runs in time independent of the token's length.
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest() if token else None

@@ -78,6 +78,11 @@ async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, tmp_
         assert len(registered) == 1 and "crm.lead" in registered[0] and "crm," in registered[0]
         proc.terminate()
         assert await proc.wait(timeout=20) == 0
+    # the operator replays the user source's event: AUTOM_APP's sources parse it again
+    replay = run_autom("replay", str(accepted.json()["id"]), cwd=workdir,
+                       env=clean_env(DATABASE_URL=dsn, AUTOM_APP="crm_automations:app"))
+    assert replay.returncode == 0, replay.stderr
+    assert replay.stdout.startswith(f"event {accepted.json()['id']} (crm): created job(s) ")
 
 
 def run_env(dsn: str = "postgresql://postgres@127.0.0.1:1/none", **extra: str) -> dict[str, str]:
