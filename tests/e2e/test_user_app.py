@@ -118,3 +118,70 @@ def test_app_option_wins_over_the_setting_and_says_so(tmp_path: Path) -> None:
     result = run_autom("run", "--app", "nowhere:app", env=run_env(AUTOM_APP="other:app"), cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("autom: --app=nowhere:app: cannot import module 'nowhere'")
+
+
+ONCE_MODULE = '''
+import os
+import trio
+from autom import App, HandlerContext, Job
+
+app = App()
+
+
+@app.handler("pay")
+async def pay(ctx: HandlerContext, job: Job) -> None:
+    async with ctx.once("pay:1") as todo:
+        if todo:
+            ctx.check(await ctx.http.post(os.environ["PAY_URL"], json={"job": job.id}))
+    if job.attempts == 1:
+        await trio.sleep(3600)  # the process is killed here, after the effect was recorded
+'''
+
+
+async def test_a_once_effect_is_not_repeated_after_the_process_is_killed(dsn, tmp_path: Path,
+                                                                        telegram_stub: TelegramStub) -> None:
+    from autom.testing import running_http_stub
+
+    for name in ("autom-1", "autom-2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pay_automations.py").write_text(ONCE_MODULE)
+    async with running_http_stub() as pay, autom_processes(tmp_path) as procs:
+        settings = {"AUTOM_APP": "pay_automations:app", "PAY_URL": pay.url, "JOB_LEASE_SECONDS": "2"}
+        first = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, **settings)
+        job_id = autom_enqueue(dsn, "pay")
+        with trio.fail_after(15):  # the effect happened and its key committed: then the kill
+            while not (pay.requests and once_recorded(dsn, "pay:1")):
+                await trio.sleep(0.02)
+        first.kill()
+        await first.wait(timeout=10)
+        second = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, **settings)
+        with trio.fail_after(20):
+            while job_status(dsn, job_id) != ("done", 2):
+                await trio.sleep(0.05)
+        assert len(pay.requests) == 1  # the retry found the key and did not pay again
+        second.terminate()
+        assert await second.wait(timeout=20) == 0
+
+
+def autom_enqueue(dsn: str, kind: str) -> int:
+    import autom
+
+    job_id = autom.enqueue_sync(dsn, kind, {})
+    assert job_id is not None
+    return job_id
+
+
+def job_status(dsn: str, job_id: int) -> tuple[str, int]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select status, attempts from jobs where id = %s", [job_id]).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def once_recorded(dsn: str, key: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("select exists (select 1 from autom_once where key = %s)", [key]).fetchone() == (True,)
