@@ -12,7 +12,7 @@ import trio
 
 from autom import App, HandlerContext, Job, Router
 from autom.app import AppError
-from autom.testing import open_testbed
+from autom.testing import Reply, open_testbed
 
 
 def count(dsn: str, sql: str, *params: Any) -> int:
@@ -226,3 +226,39 @@ def test_registration_mistakes_fail_at_registration_or_start() -> None:
         app.validate()
     with pytest.raises(AppError, match="daily_at"):
         app.schedule("shop.digest", daily_at="9 am")
+
+
+def http_app(url: str) -> App:
+    app = App(builtins=False)
+
+    @app.handler("call")
+    async def call(ctx: HandlerContext, job: Job) -> None:
+        ctx.check(await ctx.http.post(f"{url}/bot1:x/sendMessage", json={"chat_id": 1, "text": "x"}))
+
+    return app
+
+
+async def test_every_http_request_has_a_total_deadline(dsn: str, telegram_stub) -> None:
+    # headers at once, then the body one byte every 0.2 s: httpx's per-read timeout never fires
+    telegram_stub.plan("sendMessage", [Reply(status=200, trickle=0.2)])
+    async with open_testbed(http_app(telegram_stub.url), database_url=dsn,
+                            settings={"http_timeout_seconds": 0.5}) as bed:
+        run = await bed.run_job("call")
+    assert run.status == "pending"
+    assert run.error == "TimeoutException: POST 127.0.0.1: no complete answer within 0.5 s (HTTP_TIMEOUT_SECONDS)"
+
+
+@pytest.mark.parametrize(("reply", "status", "error"), [
+    (Reply(status=429, headers={"Retry-After": "30"}), "pending", "Retry: HTTP POST 127.0.0.1: HTTP 429"),
+    (Reply(status=422, description="email is invalid"), "failed", "PermanentError: HTTP POST 127.0.0.1: HTTP 422"),
+    (Reply(status=502), "pending", "TransientError: HTTP POST 127.0.0.1: HTTP 502"),
+])
+async def test_check_turns_answers_into_what_the_queue_does(dsn: str, telegram_stub, reply: Reply, status: str,
+                                                            error: str) -> None:
+    telegram_stub.plan("sendMessage", [reply])
+    async with open_testbed(http_app(telegram_stub.url), database_url=dsn) as bed:
+        run = await bed.run_job("call")
+        row = await bed.deps.store.get(run.id)
+    assert run.status == status and run.error is not None and run.error.startswith(error)
+    if reply.status == 429:  # not before the Retry-After (the testbed's own backoff is under a second)
+        assert row is not None and (row["run_at"] - row["updated_at"]).total_seconds() >= 29
