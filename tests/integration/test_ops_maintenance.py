@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import trio
 
+from autom.app import Registry
 from autom.config import Settings
+from autom.context import Services, new_context
 from autom.deps import Deps
-from autom.handlers import HandlerContext
 from autom.handlers.prune import handle as prune
 from autom.jobs.models import Job, NewJob
 from autom.jobs.store import JobStore
@@ -114,9 +115,11 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     unsent_alert = await alert(None)  # never pruned: it still has to reach someone
 
     async with open_telegram(settings) as telegram:
-        ctx = HandlerContext(settings=settings, db=db, telegram=telegram)
         fake = Job(id=0, kind="maintenance.prune", payload={}, attempts=1, max_attempts=1, lease=1,
                    locked_until=None)  # type: ignore[arg-type]
+        services = Services(settings=settings, db=db, telegram=telegram, http=None,
+                            registry=Registry(handlers={}, sources={}))
+        ctx = new_context(fake, services)
         await prune(ctx, fake)
         await prune(ctx, fake)  # a rerun is harmless
 
