@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autom.errors import ConfigError
+from autom.handlers.spec import HandlerSpec
 from autom.jobs.models import DEFAULT_MAX_ATTEMPTS, NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.schedule import BUILTIN_SCHEDULES, Schedule
@@ -46,13 +47,8 @@ from autom.sources.base import Source
 
 if TYPE_CHECKING:
     from autom.config import Settings
-    from autom.context import HandlerContext
-    from autom.jobs.models import Job
 
 log = logging.getLogger("autom.app")
-
-Handler = Callable[["HandlerContext", "Job"], Awaitable[None]]
-"""A job handler: ``async def handle(ctx: HandlerContext, job: Job) -> None``."""
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 S = TypeVar("S")
@@ -66,25 +62,6 @@ KIND = re.compile(r"[A-Za-z0-9_.:/-]{1,100}")
 class AppError(ConfigError):
     """The App is wrong (a kind registered twice, a schedule without a handler, a bad source
     name) or could not be loaded from AUTOM_APP: the message says what, in one line."""
-
-
-@dataclass(frozen=True, slots=True)
-class HandlerSpec:
-    """One registered kind: its handler and how its jobs run.
-
-    ``max_attempts``: stored in the rows of this kind at enqueue when the producer
-    does not say. ``timeout``: seconds for one whole run (None: only the lease and the
-    shutdown grace bound it); a run past it is cancelled and counts as a failed
-    attempt ("timeout"), retried with backoff. ``retry``: this kind's backoff (None:
-    RETRY_BASE_SECONDS / RETRY_MAX_SECONDS).
-    """
-
-    kind: str
-    fn: Handler
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    timeout: float | None = None
-    retry: RetryPolicy | None = None
-    builtin: bool = False
 
 
 def _check_kind(kind: object) -> str:

@@ -35,12 +35,13 @@ import trio
 import trio_util
 
 from autom.alerts import AlertSender
-from autom.app import App, Handler, HandlerSpec, Registry
+from autom.app import App, Registry
 from autom.config import Settings
 from autom.context import BoundedHTTP
 from autom.db.bridge import open_database
 from autom.db.migrate import apply_migrations
 from autom.deps import Deps
+from autom.handlers.spec import Handler, HandlerSpec
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.limits import SendLimiter
@@ -117,7 +118,7 @@ async def run_service(
     control.grace = settings.shutdown_grace_seconds
     assert settings.database_url, "DATABASE_URL is checked by the CLI"
     registry = build_registry(settings, app, handlers, schedules)
-    log.info(f"registered {registry.describe()}")
+    log.info("registered %s", registry.describe())
     tz = ZoneInfo(settings.tz) if settings.tz else process_zone()
     # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
     # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autom.app import Handler, HandlerSpec
 from autom.context import HandlerContext
 from autom.handlers import heartbeat, log_event, prune, telegram_message, telegram_send
+from autom.handlers.spec import Handler, HandlerSpec
 
 __all__ = ["Handler", "HandlerContext", "builtin_handlers", "default_handlers"]
 
