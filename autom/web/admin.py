@@ -49,6 +49,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from autom.app import replay_sources_of
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
@@ -110,8 +111,7 @@ class Admin:
     def __init__(self, deps: Deps) -> None:
         """Bind the routes to ``deps`` (settings for the token, database, doorbell)."""
         self._deps = deps
-        # the App's own sources too: their stored events replay like the built-ins'
-        self._ops = Operations(deps.db, deps.registry.replay_sources() if deps.registry is not None else None)
+        self._ops = Operations(deps.db, replay_sources_of(deps.registry))
         token = deps.settings.admin_token
         # Digests, so that compare_digest also runs in time independent of the token's length.
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest() if token else None
