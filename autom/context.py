@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,7 +43,7 @@ import trio
 
 from autom.checks import check as _check
 from autom.db.queries import Q
-from autom.errors import PermanentError, TransientError
+from autom.errors import LeaseLost, PermanentError
 from autom.jobs.handler_tx import HandlerTransaction
 from autom.jobs.models import Job, NewJob
 from autom.sources.base import key_text
@@ -53,13 +53,10 @@ if TYPE_CHECKING:
     from autom.config import Settings
     from autom.db.bridge import Database, Tx
     from autom.telegram import TelegramClient
+    from autom.worker.run import Run
 
 #: how long recording a ``once`` key may take when the run is being cancelled
 ONCE_RECORD_SECONDS = 5.0
-
-
-class LeaseLost(TransientError):
-    """This run no longer holds its job (the lease ran out and another claim took it)."""
 
 
 class BoundedHTTP(httpx.AsyncClient):
@@ -115,9 +112,12 @@ class Services:
 class RunState:
     """The mutable part of one run: what it enqueued, its transaction, the once keys it recorded."""
 
-    __slots__ = ("enqueued", "once_recorded", "tx")
+    __slots__ = ("complete", "db", "enqueued", "once_recorded", "tx")
 
-    def __init__(self) -> None:
+    def __init__(self, db: Database, complete: Callable[[Tx], Awaitable[None]]) -> None:
+        self.db = db
+        #: the claim's fenced "done" inside a transaction (``Run.complete_in``)
+        self.complete = complete
         self.enqueued: list[NewJob] = []
         self.tx: HandlerTransaction | None = None
         self.once_recorded: list[str] = []
@@ -126,6 +126,12 @@ class RunState:
     def needs_transaction(self) -> bool:
         """Whether the run's outcome must be written in its own transaction (not the batched "done")."""
         return bool(self.enqueued) or (self.tx is not None and self.tx.opened)
+
+    async def commit(self) -> None:
+        """Commit what the handler enqueued and wrote with its job's "done" (``LeaseLost``: none of it)."""
+        if self.tx is None:
+            self.tx = HandlerTransaction(self.db)
+        await self.tx.commit(self.complete, self.enqueued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +300,6 @@ class HandlerContext:
         self._state.once_recorded.append(stored)
 
 
-def new_context(job: Job, services: Services) -> HandlerContext:
-    """The context of one run of ``job`` (the worker's hot path: no I/O)."""
-    return HandlerContext(job, services, RunState())
+def new_context(run: Run, services: Services) -> HandlerContext:
+    """The context of one run (the worker's hot path: no I/O)."""
+    return HandlerContext(run.job, services, RunState(services.db, run.complete_in))

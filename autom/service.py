@@ -41,7 +41,7 @@ from autom.context import BoundedHTTP
 from autom.db.bridge import open_database
 from autom.db.migrate import apply_migrations
 from autom.deps import Deps
-from autom.handlers.spec import Handler, HandlerSpec
+from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.limits import SendLimiter
@@ -51,7 +51,7 @@ from autom.telegram import open_telegram
 from autom.ticker import run_ticker
 from autom.watchdog import Watchdog
 from autom.web import create_app, serve_http
-from autom.worker import WorkerPool, handler_specs
+from autom.worker import WorkerPool
 
 log = logging.getLogger("autom")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,3 +34,8 @@ class HandlerSpec:
     timeout: float | None = None
     retry: RetryPolicy | None = None
     builtin: bool = False
+
+
+def handler_specs(handlers: Mapping[str, HandlerSpec | Handler]) -> dict[str, HandlerSpec]:
+    """Kind → ``HandlerSpec``; a bare function gets the defaults (tests and benches pass those)."""
+    return {kind: h if isinstance(h, HandlerSpec) else HandlerSpec(kind, h) for kind, h in handlers.items()}

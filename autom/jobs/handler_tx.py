@@ -2,7 +2,7 @@
 
 What a handler writes through ``ctx.transaction()`` and the jobs it enqueues with
 ``ctx.enqueue`` commit in one transaction with the fenced update that marks its
-job done (``complete_many`` for one claim: id and lease generation). If this
+job done (the worker's ``Run.complete_in``: id and lease generation). If this
 claim no longer holds the job (its lease was lost and another claim took it),
 or the handler raised, the transaction rolls back and none of it is written.
 
@@ -15,7 +15,7 @@ raises undoes its own writes only, and the handler may catch that and go on.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ from autom.jobs.store import insert_jobs_sync
 
 if TYPE_CHECKING:
     from autom.db.bridge import Database, Tx
-    from autom.jobs.models import Job, NewJob
+    from autom.jobs.models import NewJob
 
 
 class _Abandoned(Exception):
@@ -66,23 +66,17 @@ class HandlerTransaction:
             raise
         await tx.execute(Q.block_release)
 
-    async def commit_done(self, job: Job, jobs: Sequence[NewJob]) -> tuple[bool, bool]:
-        """Mark ``job`` done (fenced by its lease generation), insert ``jobs``, commit.
-
-        Returns ``(held, more)``: ``held`` False when this claim had lost the job (then
-        nothing was committed); ``more`` as ``JobStore.complete_batch`` says it.
-        """
+    async def commit(self, complete: Callable[[Tx], Awaitable[None]], jobs: Sequence[NewJob]) -> None:
+        """Insert ``jobs``, mark the job done with ``complete(tx)`` (the claim's fenced write,
+        last, as the worker asks), and commit; ``LeaseLost`` from ``complete`` propagates and
+        nothing is committed (the caller abandons the transaction)."""
         tx = await self._open()
-        rows = await tx.fetch_all(Q.complete_many, {"ids": [job.id], "leases": [job.lease]})
-        if not rows:
-            await self.abandon()
-            return False, False
         if jobs:
             await tx.run(insert_jobs_sync, list(jobs))
+        await complete(tx)
         stack, self._stack, self._tx = self._stack, None, None
         assert stack is not None
         await stack.aclose()  # the end of db.transaction(): commit
-        return True, bool(rows[0]["more"])
 
     async def abandon(self) -> None:
         """Roll back whatever the handler wrote (it raised, was cancelled, or lost its lease)."""

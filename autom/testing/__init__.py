@@ -185,6 +185,7 @@ class Testbed:
         with trio.move_on_after(wait):
             while mine is None:
                 others = []
+                claimed_at = trio.current_time()
                 while mine is None and (claimed := await store.claim(100)):
                     for job in claimed:
                         if job.id == job_id:
@@ -200,7 +201,7 @@ class Testbed:
             state = "no such job" if row is None else f"status {row['status']}, run_at {row['run_at']}"
             raise AssertionError(f"job {job_id} could not be claimed within {wait:g} s ({state})")
         last = await self.db.fetch_val(Q.testing_last_job_id)
-        await self._pool.run_claimed(mine)
+        await self._pool.run_claimed(mine, claimed_at)
         row = await store.get(job_id)
         assert row is not None
         created = await self.db.fetch_all(Q.testing_jobs_after, {"last": last})

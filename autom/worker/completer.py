@@ -30,7 +30,7 @@ import trio
 
 from autom.bells import Doorbell
 from autom.errors import QueryError
-from autom.jobs.retry import describe
+from autom.jobs.retry import RetryPolicy, describe
 from autom.jobs.store import Settle, Settled
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ class QueueStore(Protocol):
         """Extend the unexpired leases of these claims; {id: new end} for those still held."""
         ...
 
-    def decide(self, job: Job, error: BaseException | str) -> Settle:
-        """The outcome of a run that raised ``error``."""
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
+        """The outcome of a run that raised ``error`` (``retry``: its kind's backoff, if it has one)."""
         ...
 
 

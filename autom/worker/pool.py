@@ -37,21 +37,28 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 
+from autom.app import Registry
 from autom.bells import Doorbell
+from autom.context import Services, new_context
 from autom.deps import Deps
-from autom.handlers import Handler, HandlerContext
+from autom.errors import PermanentError, TransientError
+from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.models import Job
 from autom.jobs.retry import describe
 from autom.jobs.store import Settle, Settled
-from autom.worker.completer import Completer, Outcome, QueueStore, Status, wall_delay
+from autom.worker.completer import CLEANUP_SECONDS, Completer, Outcome, QueueStore, Status, wall_delay
 from autom.worker.run import Run, lease_margin
 
 log = logging.getLogger("autom.worker")
+
+
+class HandlerTimeout(TransientError):
+    """A run took longer than its kind's ``timeout``: cancelled, counted, retried with backoff."""
 
 
 def _average(mean: float, value: float) -> float:
@@ -81,7 +88,7 @@ class WorkerPool:
     def __init__(
         self,
         deps: Deps,
-        handlers: Mapping[str, Handler],
+        handlers: Mapping[str, HandlerSpec | Handler],
         *,
         workers: int | None = None,
         batch: int = 100,
@@ -91,7 +98,7 @@ class WorkerPool:
         context: Callable[[Run], Any] | None = None,
     ) -> None:
         self.deps = deps
-        self.handlers = dict(handlers)
+        self.handlers = handler_specs(handlers)
         self.workers = max(1, workers or deps.settings.workers)
         self.batch = max(1, batch)
         wanted = max(self.workers, self.batch - self.workers) if prefetch is None else prefetch
@@ -105,8 +112,11 @@ class WorkerPool:
         self.store: QueueStore = store if store is not None else deps.store
         self.lease_seconds = self.store.lease_seconds
         self._margin = lease_margin(self.lease_seconds)
-        self.ctx = HandlerContext(settings=deps.settings, db=deps.db, telegram=deps.telegram)
-        self._make_context: Callable[[Run], Any] = context or (lambda _run: self.ctx)
+        # the public HandlerContext (autom/context.py), one per run; ctx.enqueue accepts
+        # the kinds this pool serves
+        self.services = Services(settings=deps.settings, db=deps.db, telegram=deps.telegram, http=deps.http,
+                                 registry=Registry(handlers=self.handlers, sources=deps.sources))
+        self._make_context: Callable[[Run], Any] = context or (lambda run: new_context(run, self.services))
         # every claim held, by claim: queued (waiting for a runner), running, or finished
         # and waiting for the writer
         self.queued: dict[tuple[int, int], Run] = {}
@@ -284,19 +294,21 @@ class WorkerPool:
         run.started = trio.current_time()
         outcome: Outcome | None = None
         try:
-            handler = self.handlers.get(job.kind)
-            if handler is None:
+            spec = self.handlers.get(job.kind)
+            if spec is None:
                 outcome = self._failed(run, f"no handler for kind {job.kind!r}")
             elif job.attempts > job.max_attempts:
                 # claimed again after its lease expired on the last attempt: the worker died
                 outcome = self._failed(run, f"attempts exhausted: attempt {job.max_attempts} was lost with "
                                             "its worker")
             else:
+                ctx = self._make_context(run)
                 with run.scope:
                     try:
-                        await handler(self._make_context(run), job)
+                        await self._handle(spec, ctx, job)
                     except Exception as exc:
-                        outcome = Outcome(run, _status(settle := self.store.decide(job, exc)), settle)
+                        outcome = Outcome(run, _status(settle := self.store.decide(job, exc, retry=spec.retry)),
+                                          settle)
                 if run.scope.cancelled_caught:
                     # the local deadline passed (renewals failed) or a renewal found the claim gone
                     self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
@@ -312,6 +324,7 @@ class WorkerPool:
                     if run.settled:
                         # the handler's own transaction marked it done (Run.complete_in)
                         self._forget(run)
+                        self.deps.doorbell.set()  # its follow-ups, or its recipient's next job, may be due
                         return
                     outcome = Outcome(run, "done")
                 else:
@@ -329,6 +342,41 @@ class WorkerPool:
                 self._completer.report(outcome)
             if self._wants_room and self._may_claim():
                 self._slots.set()
+
+    async def _handle(self, spec: HandlerSpec, ctx: Any, job: Job) -> None:
+        """Run ``spec``'s handler within its kind's timeout; commit what it enqueued and wrote
+        with its "done" (``ctx``'s transaction, fenced by the claim), or none of it."""
+        # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
+        state = getattr(ctx, "_state", None)
+        fn: Callable[..., Awaitable[object]] = spec.fn
+        try:
+            if spec.timeout is None:
+                result = await fn(ctx, job)
+            else:
+                with trio.move_on_after(spec.timeout) as timer:
+                    result = await fn(ctx, job)
+                if timer.cancelled_caught:
+                    self.deps.metrics.job_attempts.labels(job.kind, "timeout").inc()
+                    raise HandlerTimeout(f"timeout: the handler ran longer than {spec.timeout:g} s "
+                                         f"(the timeout of kind {job.kind!r})")
+            if result is not None:
+                raise PermanentError(f"the handler of {job.kind!r} returned a {type(result).__name__}; "
+                                     "a handler must return None (raise to fail)")
+            if state is not None and state.needs_transaction:
+                await state.commit()  # LeaseLost (nothing committed) when the claim is gone
+        finally:
+            if state is not None and state.tx is not None and state.tx.opened:
+                # it raised, timed out or was cancelled: nothing it wrote may commit
+                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
+                    await state.tx.abandon()
+
+    async def run_claimed(self, job: Job, claimed_at: float) -> None:
+        """Run one job this process claimed (the claim sent at ``claimed_at``, trio clock) outside
+        ``run()``, and record its outcome (autom.testing): the same path as a runner's."""
+        run = Run(job, claimed_at + self.lease_seconds - self._margin, self.store)
+        self._by_id[job.id] = run
+        await self._run_job(run)
+        await self._completer.drain()
 
     def _failed(self, run: Run, error: str) -> Outcome:
         return Outcome(run, "failed", Settle(run.job, "failed", error))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import trio
 
 from autom.app import Registry
@@ -14,6 +16,7 @@ from autom.jobs.store import JobStore
 from autom.schedule import Schedule
 from autom.telegram import open_telegram
 from autom.watchdog import Watchdog
+from autom.worker.run import Run
 from tests.support.service import ALERT_CHAT, service_settings
 
 
@@ -119,7 +122,7 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
                    locked_until=None)  # type: ignore[arg-type]
         services = Services(settings=settings, db=db, telegram=telegram, http=None,
                             registry=Registry(handlers={}, sources={}))
-        ctx = new_context(fake, services)
+        ctx = new_context(Run(fake, math.inf, None), services)
         await prune(ctx, fake)
         await prune(ctx, fake)  # a rerun is harmless
 

@@ -73,8 +73,8 @@ class MemoryStore:
             raise ConnectionError("database unreachable")
         return {j.id: datetime.now(UTC) for j in jobs if j.id not in self.renew_drops}
 
-    def decide(self, job: Job, error: BaseException | str) -> Settle:
-        return self._decider.decide(job, error)
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
+        return self._decider.decide(job, error, retry=retry)
 
 
 class NoTelegram:
