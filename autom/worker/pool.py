@@ -44,7 +44,7 @@ import trio
 
 from autom.app import Registry
 from autom.bells import Doorbell
-from autom.context import Services, new_context
+from autom.context import RunState, Services, new_context
 from autom.deps import Deps
 from autom.errors import PermanentError, TransientError
 from autom.handlers.spec import Handler, HandlerSpec, handler_specs
@@ -303,12 +303,28 @@ class WorkerPool:
                                             "its worker")
             else:
                 ctx = self._make_context(run)
+                # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
+                state: RunState | None = getattr(ctx, "_state", None)
+                fn: Callable[..., Awaitable[object]] = spec.fn
                 with run.scope:
                     try:
-                        await self._handle(spec, ctx, job)
+                        # inline, not a helper coroutine: this is every job's path
+                        result = await (fn(ctx, job) if spec.timeout is None else self._timed(spec, ctx, job))
+                        if result is not None:
+                            raise PermanentError(f"the handler of {job.kind!r} returned a "
+                                                 f"{type(result).__name__}; a handler must return None")
+                        if state is not None and state.needs_transaction:
+                            # what it enqueued and wrote commits with its "done", last and fenced
+                            # (LeaseLost: nothing committed, the claim is gone)
+                            await state.commit()
                     except Exception as exc:
                         outcome = Outcome(run, _status(settle := self.store.decide(job, exc, retry=spec.retry)),
                                           settle)
+                    finally:
+                        if state is not None and state.tx is not None and state.tx.opened:
+                            # it raised, timed out or was cancelled: nothing it wrote may commit
+                            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
+                                await state.tx.abandon()
                 if run.scope.cancelled_caught:
                     # the local deadline passed (renewals failed) or a renewal found the claim gone
                     self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
@@ -343,32 +359,16 @@ class WorkerPool:
             if self._wants_room and self._may_claim():
                 self._slots.set()
 
-    async def _handle(self, spec: HandlerSpec, ctx: Any, job: Job) -> None:
-        """Run ``spec``'s handler within its kind's timeout; commit what it enqueued and wrote
-        with its "done" (``ctx``'s transaction, fenced by the claim), or none of it."""
-        # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
-        state = getattr(ctx, "_state", None)
+    async def _timed(self, spec: HandlerSpec, ctx: Any, job: Job) -> object:
+        """Run ``spec``'s handler within its kind's timeout; past it, ``HandlerTimeout`` (counted, retried)."""
+        assert spec.timeout is not None
         fn: Callable[..., Awaitable[object]] = spec.fn
-        try:
-            if spec.timeout is None:
-                result = await fn(ctx, job)
-            else:
-                with trio.move_on_after(spec.timeout) as timer:
-                    result = await fn(ctx, job)
-                if timer.cancelled_caught:
-                    self.deps.metrics.job_attempts.labels(job.kind, "timeout").inc()
-                    raise HandlerTimeout(f"timeout: the handler ran longer than {spec.timeout:g} s "
-                                         f"(the timeout of kind {job.kind!r})")
-            if result is not None:
-                raise PermanentError(f"the handler of {job.kind!r} returned a {type(result).__name__}; "
-                                     "a handler must return None (raise to fail)")
-            if state is not None and state.needs_transaction:
-                await state.commit()  # LeaseLost (nothing committed) when the claim is gone
-        finally:
-            if state is not None and state.tx is not None and state.tx.opened:
-                # it raised, timed out or was cancelled: nothing it wrote may commit
-                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                    await state.tx.abandon()
+        with trio.move_on_after(spec.timeout):
+            return await fn(ctx, job)
+        # only the timer's own cancellation gets here (an outer one propagates)
+        self.deps.metrics.job_attempts.labels(job.kind, "timeout").inc()
+        raise HandlerTimeout(f"timeout: the handler ran longer than {spec.timeout:g} s "
+                             f"(the timeout of kind {job.kind!r})")
 
     async def run_claimed(self, job: Job, claimed_at: float) -> None:
         """Run one job this process claimed (the claim sent at ``claimed_at``, trio clock) outside
