@@ -204,7 +204,7 @@ def _fn_name(fn: Callable[..., Any]) -> str:
 class App(Router):
     """The registry of one autom service: built-ins plus the user's handlers, sources and schedules.
 
-    ``App()`` includes every built-in (CONTRACT.md: sources, handlers, schedules).
+    ``App()`` includes every built-in (README: Sources, Handlers, Schedule).
     ``App(builtins=False)`` starts empty (tests; a deployment that wants none).
     """
 

@@ -73,7 +73,7 @@ class Schedule:
 #: The schedules autom runs when nothing else is configured (README, Schedule: heartbeat hourly).
 DEFAULT_SCHEDULES: tuple[Schedule, ...] = (Schedule("heartbeat", every_minutes=60),)
 
-#: What every App schedules: the hourly heartbeat (CONTRACT.md) and retention.
+#: What every App schedules: the hourly heartbeat and retention (README, Schedule).
 BUILTIN_SCHEDULES: tuple[Schedule, ...] = (*DEFAULT_SCHEDULES, Schedule("maintenance.prune", every_minutes=60))
 
 

@@ -247,7 +247,11 @@ async def _database(database_url: str | None) -> AsyncIterator[str]:
     if database_url is not None:
         yield database_url
         return
-    server: PgServer = await trio.to_thread.run_sync(start_pg_server)
+    try:
+        server: PgServer = await trio.to_thread.run_sync(start_pg_server)
+    except ModuleNotFoundError as exc:  # no server named and no embedded one installed
+        raise RuntimeError("autom.testing needs a PostgreSQL: set AUTOM_TEST_DATABASE_URL to a server it may "
+                           'create databases on, or pip install "autom[embedded]"') from exc
     try:
         with temporary_database(server, prefix="user") as dsn:
             yield dsn
