@@ -230,6 +230,16 @@ where r.recipient in (
 and r.next_due_at is null
 and not exists (select 1 from jobs j where j.recipient = r.recipient and j.due_at is not null);
 
+-- name: prune_once_keys
+-- ctx.once keys past retention (keep_seconds: the longer of RETAIN_DONE_DAYS and
+-- RETAIN_EVENTS_DAYS). Until then a retry, a rerun or a replay of the event sees
+-- the effect as done; after it no job or event is left that could repeat it.
+delete from autom_once where key in (
+    select key from autom_once where recorded_at < now() - make_interval(secs => %(keep_seconds)s)
+    order by recorded_at
+    limit %(batch)s
+);
+
 -- name: prune_intake_commits
 -- The intake's commit records (migrations/0006) are read only seconds after a hop.
 delete from intake_commits where token in (

@@ -4,7 +4,9 @@ Deletes, in small batches so no statement holds locks for long: done jobs older
 than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
 (pending, running or failed) job references; lock rows of recipients with
 nothing queued; alerts sent more than RETAIN_DONE_DAYS ago (unsent ones wait to
-be sent); Telegram send-limit rows of chats quiet for an hour (autom/limits.py).
+be sent); Telegram send-limit rows of chats quiet for an hour (autom/limits.py);
+``ctx.once`` keys older than the longer of the two retentions (until then every
+job or event that could repeat the effect is still there to be retried or replayed).
 Failed jobs are kept until retried or deleted by hand. Jobs with
 a key are kept at least ``KEY_KEEP_SECONDS`` so a schedule slot cannot be
 enqueued twice. Rerun-safe: deleting what is already gone deletes nothing.
@@ -55,7 +57,9 @@ async def handle(ctx: HandlerContext, job: Job) -> None:
     events = await _prune(ctx, Q.prune_events, {"keep_seconds": settings.retain_events_days * 86400})
     recipients = await _prune(ctx, Q.prune_recipients, {})
     alerts = await _prune(ctx, Q.prune_sent_alerts, {"keep_seconds": settings.retain_done_days * 86400})
+    once_keep_days = max(settings.retain_done_days, settings.retain_events_days)
+    once_keys = await _prune(ctx, Q.prune_once_keys, {"keep_seconds": once_keep_days * 86400})
     await _prune(ctx, Q.prune_intake_commits, {})
     await _prune(ctx, Q.prune_telegram_chats, {})  # send-limit rows of chats long quiet
-    log.info("pruned %d done jobs, %d events, %d idle recipients, %d sent alerts", jobs, events, recipients, alerts,
-             extra={"job_id": job.id, "kind": job.kind})
+    log.info("pruned %d done jobs, %d events, %d idle recipients, %d sent alerts, %d once keys", jobs, events,
+             recipients, alerts, once_keys, extra={"job_id": job.id, "kind": job.kind})

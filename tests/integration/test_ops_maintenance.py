@@ -117,6 +117,13 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     new_sent_alert = await alert(1)
     unsent_alert = await alert(None)  # never pruned: it still has to reach someone
 
+    async def once_key(key: str, age_days: float) -> None:
+        await db.execute("insert into autom_once (key, job_id, recorded_at) values (%s, 0, "
+                         "now() - %s * interval '1 day')", [key, age_days])
+
+    await once_key("crm:old", 31)  # past the longer retention (RETAIN_EVENTS_DAYS, 30)
+    await once_key("crm:kept", 20)  # past RETAIN_DONE_DAYS only: its event may still be replayed
+
     async with open_telegram(settings) as telegram:
         fake = Job(id=0, kind="maintenance.prune", payload={}, attempts=1, max_attempts=1, lease=1,
                    locked_until=None)  # type: ignore[arg-type]
@@ -135,6 +142,7 @@ async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, tele
     assert old_event_alone not in events and old_event_done not in events
     alerts = {r["id"] for r in await db.fetch_all("select id from alerts where job_id = 0")}
     assert alerts == {new_sent_alert, unsent_alert} and old_sent_alert not in alerts
+    assert [r["key"] for r in await db.fetch_all("select key from autom_once")] == ["crm:kept"]
     await trio.lowlevel.checkpoint()
 
 
