@@ -283,11 +283,6 @@ class Registry:
         return f"handlers: {kinds}; sources: {sources}; schedules: {schedules}"
 
 
-def replay_sources_of(registry: Registry | None) -> dict[str, Source] | None:
-    """The sources a replay parses with: the App's and every built-in (None: the built-ins only)."""
-    return None if registry is None else registry.replay_sources()
-
-
 # --- loading AUTOM_APP ---------------------------------------------------------------
 
 

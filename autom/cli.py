@@ -109,9 +109,10 @@ async def _with_ops(settings: Settings, fn: Callable[[Any], Any]) -> Any:
     assert settings.database_url
     try:
         async with open_database(settings.database_url, min_size=1, max_size=2, name="autom-cli") as db:
-            # replays need no source secret (Operations); AUTOM_APP's own sources replay too
-            sources = _app(None, settings).registry(settings).replay_sources() if settings.autom_app else None
-            return await fn(Operations(db, sources))
+            # replays need no source secret (Operations); AUTOM_APP's own sources replay too,
+            # and its kinds' max_attempts hold for what a replay creates
+            registry = _app(None, settings).registry(settings) if settings.autom_app else None
+            return await fn(Operations.of(db, registry))
     except QueryError as exc:
         raise AutomError(query_error_message(exc)) from None
 

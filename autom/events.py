@@ -35,7 +35,7 @@ import json
 import logging
 import secrets
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -47,6 +47,9 @@ from autom.errors import Conflict, DatabaseUnavailable, NotFound
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore, jobs_json
 from autom.sources.base import ParseError, Source
+
+#: fills in what a producer left open in new jobs (``Registry.with_defaults``: each kind's max_attempts)
+JobDefaults = Callable[[list[NewJob]], list[NewJob]]
 
 # the intake's logger: these lines are about deliveries, and operators already filter on it
 log = logging.getLogger("autom.intake")
@@ -324,7 +327,8 @@ async def fetch_event(db: Database, event_id: int) -> Row:
     return row
 
 
-async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id: int) -> list[int]:
+async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id: int, *,
+                       defaults: JobDefaults | None = None) -> list[int]:
     """Parse stored event ``event_id`` again with its source, create its jobs in ``store``; the ids created.
 
     Always new jobs, linked to the same event, also when jobs of the event exist or
@@ -333,7 +337,8 @@ async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id:
     original (and from other replays) while still saying where it came from.
     ``NotFound`` for an unknown id; ``Conflict`` when the event's source is not in
     ``sources`` (a row written by something else, or by a newer version) or its body
-    still does not parse.
+    still does not parse. ``defaults`` fills in what the source left open, as the
+    intake does (the kind's ``max_attempts`` from the App's handler).
     """
     event = await fetch_event(store.db, event_id)
     source = sources.get(event["source"])
@@ -350,4 +355,4 @@ async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id:
         dataclasses.replace(job, event_id=event_id, key=None if job.key is None else f"{job.key}:replay:{tag}")
         for job in parsed.jobs
     ]
-    return await store.enqueue_many(jobs)
+    return await store.enqueue_many(jobs if defaults is None else defaults(jobs))

@@ -14,17 +14,21 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autom import events
 from autom.db.bounded import fetch_all_bounded
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound, QueryError
+from autom.events import JobDefaults
 from autom.jobs import health
 from autom.jobs.store import JobStore
 from autom.sources import replay_sources
 from autom.sources.base import Source
+
+if TYPE_CHECKING:
+    from autom.app import Registry
 
 JOB_STATUSES = ("pending", "running", "done", "failed", "cancelled")
 #: statuses a single job may be retried from (README, Operations: `autom retry JOB_ID`)
@@ -145,10 +149,21 @@ class Operations:
     stored event was verified when it arrived, and parsing it needs no secret.
     """
 
-    def __init__(self, db: Database, sources: Mapping[str, Source] | None = None) -> None:
+    def __init__(self, db: Database, sources: Mapping[str, Source] | None = None, *,
+                 defaults: JobDefaults | None = None) -> None:
         self.db = db
         self.sources = replay_sources() if sources is None else sources
+        #: fills in what a replayed job's producer left open (its kind's max_attempts: the App's)
+        self.defaults = defaults
         self.store = JobStore(db)
+
+    @classmethod
+    def of(cls, db: Database, registry: Registry | None) -> Operations:
+        """Operations for a running App (None: the built-ins only): replays parse with its
+        sources too and give its kinds' ``max_attempts``, as the intake does."""
+        if registry is None:
+            return cls(db)
+        return cls(db, registry.replay_sources(), defaults=registry.with_defaults)
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -279,7 +294,7 @@ class Operations:
 
     async def replay_event(self, event_id: int) -> list[int]:
         """Parse a stored event again and create its jobs anew; the ids created (``events.replay_event``)."""
-        return await events.replay_event(self.store, self.sources, event_id)
+        return await events.replay_event(self.store, self.sources, event_id, defaults=self.defaults)
 
     # -- the numbers -----------------------------------------------------------------------
 

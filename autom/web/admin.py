@@ -49,7 +49,6 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from autom.app import replay_sources_of
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
@@ -111,7 +110,7 @@ class Admin:
     def __init__(self, deps: Deps) -> None:
         """Bind the routes to ``deps`` (settings for the token, database, doorbell)."""
         self._deps = deps
-        self._ops = Operations(deps.db, replay_sources_of(deps.registry))
+        self._ops = Operations.of(deps.db, deps.registry)
         token = deps.settings.admin_token
         # Digests, so that compare_digest also runs in time independent of the token's length.
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest() if token else None

@@ -57,7 +57,7 @@ app.source(CrmSource())
 '''.replace("CRM_SECRET", CRM_SECRET)
 
 
-async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, tmp_path: Path,
+async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, db, tmp_path: Path,
                                                                        telegram_stub: TelegramStub) -> None:
     workdir = tmp_path / "autom-1"  # the first process's working directory: its modules import
     workdir.mkdir()
@@ -83,6 +83,9 @@ async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, tmp_
                        env=clean_env(DATABASE_URL=dsn, AUTOM_APP="crm_automations:app"))
     assert replay.returncode == 0, replay.stderr
     assert replay.stdout.startswith(f"event {accepted.json()['id']} (crm): created job(s) ")
+    # the replayed job carries its kind's max_attempts (3, the user's handler), as the intake's did
+    rows = await db.fetch_all("select max_attempts from jobs where kind = 'crm.lead' order by id")
+    assert [r["max_attempts"] for r in rows] == [3, 3]
 
 
 def run_env(dsn: str = "postgresql://postgres@127.0.0.1:1/none", **extra: str) -> dict[str, str]:

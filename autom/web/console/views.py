@@ -13,7 +13,6 @@ from urllib.parse import urlencode
 from quart import Blueprint, Response, g, render_template, request
 
 from autom.admission import client_key
-from autom.app import replay_sources_of
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
 from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline
@@ -107,7 +106,7 @@ class Console:
     def __init__(self, deps: Deps, clock: Callable[[], float] = time.time) -> None:
         """Bind to ``deps``; ``clock`` is the wall clock (unix seconds) sessions are checked against."""
         self._deps = deps
-        self._ops = Operations(deps.db, replay_sources_of(deps.registry))
+        self._ops = Operations.of(deps.db, deps.registry)
         token = deps.settings.admin_token
         self._sessions = Sessions(token, deps.settings.console_session_hours * 3600) if token else None
         self._limiter = LoginLimiter()
