@@ -230,5 +230,8 @@ async def test_a_run_can_commit_done_in_the_handlers_own_transaction(db):
         pool.deps.shutdown.value = True
     assert [r["name"] for r in await db.fetch_all("select name from service_state")] == ["kept"]
     rows = {r["id"]: r for r in await db.fetch_all("select id, status, attempts from jobs")}
+    # the lost run's outcome (fenced) matched nothing: the job is still the other claim's.
+    # (How many flushes the writer took is not asserted: a renewal round or a slow machine
+    # may split them, and it failed one run in many under load.)
     assert (rows[kept]["status"], rows[lost]["status"]) == ("done", "running")
-    assert pool.completer.flushes == 1  # only the lost run's (fenced, matching nothing) outcome
+    assert rows[lost]["attempts"] == 1
