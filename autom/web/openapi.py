@@ -76,6 +76,27 @@ def _id_parameter(name: str, what: str) -> dict[str, Any]:
     }
 
 
+def _admin_list(
+    operation_id: str, summary: str, listed: str, what: str, filters: list[dict[str, Any]], *,
+    bad_request: str = "An unknown, repeated or malformed query parameter.", description: str | None = None,
+) -> dict[str, Any]:
+    """A keyset-paged /admin list of ``what`` (newest first): its own ``filters``, then the
+    time window (``since``/``until`` on its time column ``listed``), ``before`` and ``limit``."""
+    return _admin_operation(
+        operation_id, summary,
+        {"200": _json(f"The {what}, newest first.", _ref(f"{what[:-1].capitalize()}List")),
+         "400": _error(bad_request)},
+        description=description,
+        parameters=[
+            *filters,
+            _query("since", _SINCE, f"{listed} at or after: ISO 8601 (no zone = UTC) or an age (`6h`)."),
+            _query("until", _SINCE, f"{listed} before: ISO 8601 or an age."),
+            _query("before", _ID, f"Keyset cursor: only {what} with a smaller id."),
+            _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
+        ],
+    )
+
+
 def _admin_operation(
     operation_id: str, summary: str, responses: dict[str, Any], *,
     description: str | None = None, parameters: list[dict[str, Any]] | None = None,
@@ -406,26 +427,19 @@ _PATHS: dict[str, Any] = {
         },
     },
     "/admin/jobs": {
-        "get": _admin_operation(
-            "listJobs", "The newest jobs, filtered",
-            {
-                "200": _json("The jobs, newest first.", _ref("JobList")),
-                "400": _error("An unknown, repeated or malformed query parameter (named in the message)."),
-            },
-            description=(
-                "Every filter is optional; an empty value counts as not given. An unknown query parameter "
-                "is 400, never ignored. Page with `before` = the last id of the previous page."
-            ),
-            parameters=[
+        "get": _admin_list(
+            "listJobs", "The newest jobs, filtered", "created_at", "jobs",
+            [
                 _query("status", {"type": "string", "enum": ["", *JOB_STATUSES]}),
                 _query("kind", _NAME),
                 _query("recipient", _NAME),
                 _query("event_id", _ID),
-                _query("since", _SINCE, "created_at at or after: ISO 8601 (no zone = UTC) or an age (`6h`)."),
-                _query("until", _SINCE, "created_at before: ISO 8601 or an age."),
-                _query("before", _ID, "Keyset cursor: only jobs with a smaller id."),
-                _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
             ],
+            bad_request="An unknown, repeated or malformed query parameter (named in the message).",
+            description=(
+                "Every filter is optional; an empty value counts as not given. An unknown query parameter "
+                "is 400, never ignored. Page with `before` = the last id of the previous page."
+            ),
         ),
     },
     "/admin/retry-failed": {
@@ -465,19 +479,9 @@ _PATHS: dict[str, Any] = {
         ),
     },
     "/admin/events": {
-        "get": _admin_operation(
-            "listEvents", "The newest stored events (without bodies)",
-            {
-                "200": _json("The events, newest first.", _ref("EventList")),
-                "400": _error("An unknown, repeated or malformed query parameter."),
-            },
-            parameters=[
-                _query("source", _NAME),
-                _query("since", _SINCE, "Received at or after."),
-                _query("until", _SINCE, "Received before."),
-                _query("before", _ID, "Keyset cursor: only events with a smaller id."),
-                _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
-            ],
+        "get": _admin_list(
+            "listEvents", "The newest stored events (without bodies)", "received_at", "events",
+            [_query("source", _NAME)],
         ),
     },
     "/admin/events/{event_id}": {
