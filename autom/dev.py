@@ -282,10 +282,12 @@ def _json_bytes(value: object) -> bytes:
 def site_sample(base_url: str, secret: str, now: float) -> str:
     """A ``curl`` command sending a ``site`` form signed with ``secret`` (``X-Signature``).
 
-    The body's ``id`` is unique per start, so the first send makes a job and a second
-    send of the same command answers ``{"duplicate":true}``.
+    The body's ``id`` is unique per start (milliseconds: a quick restart within the same
+    second printed the same id, and its first send was taken for a redelivery), so the
+    first send makes a job and a second send of the same command answers
+    ``{"duplicate":true}``.
     """
-    body = _json_bytes({"id": f"dev-{int(now)}", "name": "Ada", "message": "Hello from autom dev"})
+    body = _json_bytes({"id": f"dev-{int(now * 1000)}", "name": "Ada", "message": "Hello from autom dev"})
     signature = hmac_sha256(secret.encode("utf-8"), body).hex()
     return curl_command(f"{base_url}/hooks/site", [
         ("Content-Type", "application/json"), ("X-Signature", f"sha256={signature}"),
@@ -296,7 +298,7 @@ def telegram_sample(base_url: str, secret: str, now: float) -> str:
     """A ``curl`` command sending the Telegram update of a ``/ping`` message, as Telegram would."""
     stamp = int(now)
     update = {
-        "update_id": stamp,
+        "update_id": int(now * 1000),  # unique per start, as the site sample's id
         "message": {
             "message_id": 1,
             "date": stamp,
