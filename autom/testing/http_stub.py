@@ -13,15 +13,12 @@ Every request is recorded (method, path, query, lower-cased headers, JSON body).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
+from autom.testing.telegram_stub import Receive, Scope, Send, _lifespan, _read_body, _send_json, serving
 
 
 @dataclass
@@ -37,48 +34,30 @@ class HttpStub:
     answers: list[tuple[int, Any]] = field(default_factory=list)
     default: Any = field(default_factory=dict)
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await _lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await _read_body(receive)
         self.requests.append({
             "method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
             "headers": {k.decode().lower(): v.decode() for k, v in scope["headers"]},
             "json": _json_or_text(body),
         })
         status, answer = self.answers.pop(0) if self.answers else (200, self.default)
-        payload = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_json(send, status, answer)
+
+    def release(self) -> None:
+        """Nothing to cut short: every answer is given at once (``serving`` calls it on exit)."""
 
 
 @asynccontextmanager
 async def running_http_stub() -> AsyncIterator[HttpStub]:
-    """Serve an ``HttpStub`` on 127.0.0.1 (any free port) for the block."""
+    """Serve an ``HttpStub`` on 127.0.0.1 (any free port) for the block (the Telegram stub's server)."""
     stub = HttpStub()
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    stopping = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(
-            serve, stub, config, shutdown_trigger=stopping.wait, mode="asgi",  # type: ignore[arg-type]
-        ))
-        stub.url = binds[0]
-        try:
-            yield stub
-        finally:
-            stopping.set()
+    async with serving(stub, host="127.0.0.1", port=0, logger="autom.testing.http_stub.hypercorn") as url:
+        stub.url = url
+        yield stub
 
 
 def _json_or_text(body: bytes) -> Any:
