@@ -26,7 +26,7 @@ from autom.web.admin import admin_blueprint
 from autom.web.console import console_blueprint, error_page
 from autom.web.door import Door
 from autom.web.health import health_blueprint
-from autom.web.intake import intake_blueprint
+from autom.web.intake import Intake, intake_blueprint
 from autom.web.metrics_route import metrics_blueprint
 from autom.web.openapi import openapi_blueprint
 from autom.web.responses import JSON, error_response
@@ -62,9 +62,11 @@ def create_app(deps: Deps) -> QuartTrio:
     if deps.settings.role != "worker":
         admission = Admission(deps)
         app.extensions["autom.admission"] = admission  # serve_http runs its refresh beside hypercorn
-        # the door sits in front of Quart's own ASGI handling: it runs before the body is read
-        app.asgi_app = cast(Any, Door(cast(Any, app.asgi_app), admission))  # type: ignore[method-assign]
-        app.register_blueprint(intake_blueprint(deps, admission))
+        intake = Intake(deps, admission)
+        # the door sits in front of Quart's own ASGI handling: it runs before the body is read,
+        # and hands a delivery to a known source to the intake itself (Quart never sees it)
+        app.asgi_app = cast(Any, Door(cast(Any, app.asgi_app), admission, intake))  # type: ignore[method-assign]
+        app.register_blueprint(intake_blueprint(intake))
         app.register_blueprint(admin_blueprint(deps))
         app.register_blueprint(openapi_blueprint())
         app.register_blueprint(console_blueprint(deps))

@@ -5,7 +5,8 @@ written unless all pass:
 
 1. 404 the source is unknown or not enabled (its secret is unset);
 2. 413 the body is larger than MAX_BODY_BYTES (by Content-Length at once, or
-   mid-stream for a chunked body: Quart's ``MAX_CONTENT_LENGTH``);
+   mid-stream for a chunked body: the door, autom/web/door.py, which reads the
+   body and hands it to ``Intake.deliver``; Quart never sees a delivery);
 3. 401 the source's verification fails;
 4. 400 the verified body is not UTF-8 text, or holds a NUL character
    (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
@@ -30,14 +31,14 @@ Proxy-Authorization), so the events table never holds a credential.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import trio
-from quart import Blueprint, Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from quart import Blueprint, Response
 
 from autom.admission import Admission
 from autom.deps import Deps
@@ -46,7 +47,7 @@ from autom.events import StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source
-from autom.web.responses import error_response, json_response
+from autom.web.responses import error_response, one_line
 
 log = logging.getLogger("autom.intake")
 
@@ -57,51 +58,77 @@ ALWAYS_SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorizati
 # milliseconds, which would stall every other request on the trio thread meanwhile.
 _PARSE_IN_THREAD_BYTES = 64 * 1024
 
-_DUPLICATE = {"duplicate": True}
-
-
-def intake_blueprint(deps: Deps, admission: Admission | None = None) -> Blueprint:
-    """The blueprint serving ``POST /hooks/<source>`` for ``deps`` (``admission``: backlog and recipient caps)."""
+def intake_blueprint(intake: Intake) -> Blueprint:
+    """The blueprint serving ``POST /hooks/<source>`` through Quart (what the door passes on: ``Intake``)."""
     bp = Blueprint("intake", __name__)
-    intake = Intake(deps, admission)
-    bp.add_url_rule("/hooks/<source>", "hook", intake.receive, methods=["POST"])
+    bp.add_url_rule("/hooks/<source>", "hook", intake.not_found, methods=["POST"])
     return bp
 
 
+class Answer(NamedTuple):
+    """An intake answer as the ASGI messages need it: status, JSON body, extra header pairs."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def answer(status: int, data: Mapping[str, Any], retry_after: int | None = None) -> Answer:
+    """``data`` as a compact JSON ``Answer``, with ``Retry-After`` when given."""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return Answer(status, body, () if retry_after is None else ((b"retry-after", str(retry_after).encode()),))
+
+
+def error_answer(status: int, message: str, retry_after: int | None = None) -> Answer:
+    """``{"error": message}`` (one line) with ``status``."""
+    return answer(status, {"error": one_line(message)}, retry_after)
+
+
+_DUPLICATE = answer(202, {"duplicate": True})
+
+
 class Intake:
-    """The webhook route and its bookkeeping (metrics, one log line per delivery)."""
+    """The webhook route and its bookkeeping (metrics, one log line per delivery).
+
+    ``deliver`` is the whole route for a known source once its body is read; the door
+    (autom/web/door.py) calls it directly and sends its ``Answer`` as ASGI messages, so
+    a delivery never goes through Quart's request machinery (a request context, a
+    ``Request`` and a ``Response`` object, its routing: about a fifth of a delivery's
+    CPU, bench/RESULTS.md). ``not_found`` is the Quart route behind it, for what the door
+    passes on: a delivery to an unknown source.
+    """
 
     def __init__(self, deps: Deps, admission: Admission | None = None) -> None:
         """Bind the route to ``deps`` (sources, database, metrics, doorbell) and ``admission``."""
         self._deps = deps
         self._admission = admission
-        self._max_body = deps.settings.max_body_bytes
         self._batcher = StoreBatcher(deps.db)
 
-    async def receive(self, source: str) -> Response:
-        """Handle one delivery to ``source`` (module docstring: checks, order, answers)."""
-        started = time.perf_counter()
-        src = self._deps.sources.get(source)
-        if src is None:
-            # not counted in the metrics: the label would be whatever a scanner sends
-            setting = SECRET_SETTINGS.get(source)
-            if setting is not None:  # a built-in source whose secret is unset: say which setting
-                log.info("webhook for the disabled source %s: set %s to enable it", source, setting,
-                         extra={"outcome": "not_found"})
-            else:
-                log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
-            return error_response(404, "unknown source")
-        try:
-            body: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        except RequestEntityTooLarge:
-            return self._reject(src.name, 413, f"body larger than {self._max_body} bytes", "body too large")
+    async def not_found(self, source: str) -> Response:
+        """The Quart route behind the door: what it passes on is a delivery to an unknown source, 404."""
+        # not counted in the metrics: the label would be whatever a scanner sends
+        setting = SECRET_SETTINGS.get(source)
+        if setting is not None:  # a built-in source whose secret is unset: say which setting
+            log.info("webhook for the disabled source %s: set %s to enable it", source, setting,
+                     extra={"outcome": "not_found"})
+        else:
+            log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
+        return error_response(404, "unknown source")
 
-        headers = request_headers(request.scope["headers"])
-        try:
-            src.verify(headers, body, time.time())
-        except VerificationError as exc:
-            # the sender hears only "verification failed"; the reason (safe to log) goes to the log
-            return self._reject(src.name, 401, "verification failed", str(exc))
+    async def deliver(self, src: Source, headers: Headers, body: bytes, *, proven: bool = False) -> Answer:
+        """Handle one delivery to ``src`` (module docstring: checks, order, answers).
+
+        ``headers`` as ``request_headers`` gives them; ``proven``: the door has checked
+        the source's header proof (``verify_headers``, which is the whole of ``verify``)
+        already, so it is not computed twice.
+        """
+        started = time.perf_counter()
+        if not proven:
+            try:
+                src.verify(headers, body, time.time())
+            except VerificationError as exc:
+                # the sender hears only "verification failed"; the reason (safe to log) goes to the log
+                return self._reject(src.name, 401, "verification failed", str(exc))
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -134,7 +161,7 @@ class Intake:
         if event_id is None:
             self._deps.metrics.events.labels(src.name, "duplicate").inc()
             log.info("webhook duplicate", extra={**extra, "outcome": "duplicate"})
-            return json_response(202, _DUPLICATE)
+            return _DUPLICATE
 
         self._deps.metrics.events.labels(src.name, "accepted").inc()
         if self._admission is not None:
@@ -149,9 +176,9 @@ class Intake:
                 "webhook stored without jobs, its body did not parse (replay it once fixed): event %d",
                 event_id, extra={**extra, "error": parse_error},
             )
-        return json_response(202, {"id": event_id, "jobs": created})
+        return Answer(202, b'{"id":%d,"jobs":%d}' % (event_id, created))
 
-    async def _admission_refusal(self, src: Source, jobs: Sequence[NewJob]) -> Response | None:
+    async def _admission_refusal(self, src: Source, jobs: Sequence[NewJob]) -> Answer | None:
         """503 for a full backlog, 429 for a recipient at its cap (autom/admission.py), else None."""
         if self._admission is None:
             return None
@@ -160,7 +187,7 @@ class Intake:
             return None
         self._admission.refuse(refusal.reason, src.name, refusal.message)
         self._deps.metrics.events.labels(src.name, "rejected").inc()
-        return error_response(refusal.status, refusal.message, {"Retry-After": str(refusal.retry_after)})
+        return error_answer(refusal.status, refusal.message, refusal.retry_after)
 
     async def _parse(
         self, src: Source, headers: Headers, body: bytes, text: str
@@ -189,12 +216,12 @@ class Intake:
             dedup_key = None
         return dedup_key, [], error
 
-    def _reject(self, source: str, status: int, answer: str, reason: str, level: int = logging.INFO) -> Response:
-        """Count and log a refused delivery of a known source, and answer ``{"error": answer}``."""
+    def _reject(self, source: str, status: int, message: str, reason: str, level: int = logging.INFO) -> Answer:
+        """Count and log a refused delivery of a known source, and answer ``{"error": message}``."""
         self._deps.metrics.events.labels(source, "rejected").inc()
         log.log(level, "webhook rejected (%d): %s", status, reason,
                 extra={"source": source, "outcome": "rejected", "error": reason})
-        return error_response(status, answer)
+        return error_answer(status, message)
 
 
 def request_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -98,13 +98,19 @@ class ExplodingSource:
         raise AssertionError("not reached")
 
 
-async def test_an_unexpected_error_is_a_json_500_without_details(db: Any) -> None:
+async def test_an_unexpected_error_is_a_json_500_without_details(db: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="autom.intake")
     async with running_app(db, sources={"boom": ExplodingSource()}) as app:
         response = await app.client.post("/hooks/boom", content=b"{}")
-    assert response.status_code == 500
+        # the connection stays usable after it
+        again = await app.client.post("/hooks/boom", content=b"{}")
+    assert response.status_code == again.status_code == 500
     assert response.json() == {"error": "internal error"}
     assert "secret-ish" not in response.text and "Traceback" not in response.text
     assert await count_rows(db, "events") == 0
+    # the details go to the log, with the traceback (the door answers it: Quart never sees a delivery)
+    failures = [r for r in caplog.records if r.name == "autom.intake" and r.exc_info]
+    assert len(failures) == 2 and "secret-ish" in caplog.text
 
 
 async def test_a_verification_error_from_a_fake_source_is_401(db: Any) -> None:
