@@ -587,13 +587,20 @@ def med(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def report(paths: list[str]) -> int:
-    """One markdown table: autom's drain/latency beside the peers of the same run, ratio to PGQueuer."""
-    recs = [r for p in paths for r in load(p)]
+#: report's rows for autom's records, by their ``recipients`` label (latency.py's "recipient" = drain's "1000")
+AUTOM_ROWS = {"none": "autom, jobs without recipient", "1000": "autom, jobs over 1,000 recipients",
+              "recipient": "autom, jobs over 1,000 recipients"}
+PEERS = ("pgqueuer", "procrastinate", "raw", "oban")
+
+
+def collect(recs: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
+    """The figures of the report, by row (``AUTOM_ROWS``' names, "autom <variant>, ...", the peers')
+    and key (drain, sts, span, wcpu, mcpu, pgcpu, enq, p50, p99): one value per run.
+
+    Experiments (py-spy, dsn options, pool kwargs, setup SQL, phase "exp...") and failed runs are left out.
+    """
     rows: dict[str, dict[str, list[Any]]] = {}
-    autom_rows = {"none": "autom, jobs without recipient", "1000": "autom, jobs over 1,000 recipients",
-                  "recipient": "autom, jobs over 1,000 recipients"}
-    peers = ("pgqueuer", "procrastinate", "raw", "oban")
+    autom_rows, peers = AUTOM_ROWS, PEERS
 
     def row_name(r: dict[str, Any]) -> str:
         name = autom_rows[r["recipients"]]
@@ -631,6 +638,14 @@ def report(paths: list[str]) -> int:
         elif sysname in peers and test == "latency":
             add(sysname, "p50", r["p50_ms"])
             add(sysname, "p99", r["p99_ms"])
+    return rows
+
+
+def report(paths: list[str]) -> int:
+    """One markdown table: autom's drain/latency beside the peers of the same run, ratio to PGQueuer."""
+    recs = [r for p in paths for r in load(p)]
+    rows = collect(recs)
+    peers = PEERS
 
     def limit(test: str) -> list[float | None]:
         return [r["jobs_per_s"] for r in recs if r.get("system") == "limit" and r.get("test") == test

@@ -383,6 +383,13 @@ def drive(args: argparse.Namespace) -> int:
                 print(f"| {senders} | {label} | {r.rate:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.max_ms:.1f} | "
                       f"{r.cpu_ms_per_request:.2f} | {r.pg_cpu_ms_per_request:.2f} | {r.wrk_cpu_ms_per_request:.2f} "
                       f"| {100 * r.others_busy:.0f} % | {share} | {p99} |")
+        if args.out:  # one JSON line per (senders, route), for bench/speed.py
+            from drain import emit  # bench/ is this script's folder, first on sys.path
+
+            for r in combined.values():  # r.route: "nodb" or "intake"
+                emit({"system": "autom", "test": "intake", "variant": args.variant, "rounds": args.rounds,
+                      "duration_s": args.duration, **r.__dict__, "rate": r.rate,
+                      "load_1min": os.getloadavg()[0]}, args.out)
         accepted = sum(r.requests - r.non_2xx for r in runs if r.route == "intake")
         print()
         print(f"events stored {events}, jobs {jobs}; 202s in the measured runs {accepted} (+ warm-up)")
@@ -536,6 +543,8 @@ def main() -> int:
                         help="raise the server's, wrk's and the app's backends' priority by N (root; a shared machine)")
     parser.add_argument("--keep-db", action="store_true", help="do not drop the benchmark database")
     parser.add_argument("--pause", action="store_true", help="wait for Enter before measuring (attach py-spy)")
+    parser.add_argument("--out", default=None, help="also append the combined figures as JSON lines to this file")
+    parser.add_argument("--variant", default=None, help="which autom this is, stored with --out's lines")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args.dsn, args.pool_size, args.log_file)

@@ -10,8 +10,10 @@
 # Order: [autom drain, autom latency, peers "pgqueuer" (drain + latency)] rep i for i in 1..RUNS,
 #        then autom fairness, then peers "$OTHER_PEERS" (RUNS repetitions).
 #
-# Knobs (environment): RUNS [3], N_JOBS [20000], WORKERS [16] (autom WORKERS = the peers'
-#   CONCURRENCY), LAT_N [200], LAT_GAP_MS [50], OTHER_PEERS ["limit procrastinate"],
+# Knobs (environment): RUNS [3], FIRST_REP [1] (the first rep's number: bench/speed.py runs this
+#   script once per round with RUNS=1; PostgreSQL's fsync probe runs in rep 1 only), N_JOBS [20000],
+#   WORKERS [16] (autom WORKERS = the peers' CONCURRENCY), LAT_N [200], LAT_GAP_MS [50],
+#   OTHER_PEERS ["limit procrastinate"],
 #   PEERS_SRC [../shared/bench-peers beside the checkout] (copied to PEERS_DIR [/tmp/bench-peers] when
 #   that does not exist; its venv BENCH_VENV [/tmp/bench/venv] is made with its
 #   setup_venv.sh when missing), AUTOM_PY [.venv/bin/python of the checkout, else python3],
@@ -28,6 +30,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 RUNS=${RUNS:-3}
+FIRST_REP=${FIRST_REP:-1}
+LAST_REP=$((FIRST_REP + RUNS - 1))
 export N_JOBS=${N_JOBS:-20000} WORKERS=${WORKERS:-16} LAT_N=${LAT_N:-200} LAT_GAP_MS=${LAT_GAP_MS:-50}
 export AUTOM_BENCH_ADMIN_DSN=${AUTOM_BENCH_ADMIN_DSN:-postgresql://$PGUSER@$PGHOST:$PGPORT/postgres}
 OTHER_PEERS=${OTHER_PEERS-"limit procrastinate"}  # OTHER_PEERS="" runs none
@@ -101,17 +105,17 @@ base() {  # base COMMAND...: run with the older checkout first on the path
   PYTHONPATH="$BASE_SRC${PYTHONPATH:+:$PYTHONPATH}" "$@"
 }
 
-for rep in $(seq 1 "$RUNS"); do
-  echo "== rep $rep/$RUNS: autom drain ($N_JOBS jobs, WORKERS=$WORKERS) ==" >&2
+for rep in $(seq "$FIRST_REP" "$LAST_REP"); do
+  echo "== rep $rep/$LAST_REP: autom drain ($N_JOBS jobs, WORKERS=$WORKERS) ==" >&2
   autom_drain "$rep" "$rep"
-  echo "== rep $rep/$RUNS: autom latency ($LAT_N jobs, ~${LAT_GAP_MS} ms apart) ==" >&2
+  echo "== rep $rep/$LAST_REP: autom latency ($LAT_N jobs, ~${LAT_GAP_MS} ms apart) ==" >&2
   autom_latency "$rep"
   if [ -n "${BASE_SRC:-}" ]; then
-    echo "== rep $rep/$RUNS: autom base ($BASE_SRC): drain and latency ==" >&2
+    echo "== rep $rep/$LAST_REP: autom base ($BASE_SRC): drain and latency ==" >&2
     base autom_drain "base-$rep" "$rep" --variant base
     base autom_latency "base-$rep" --variant base
   fi
-  echo "== rep $rep/$RUNS: pgqueuer (drain, concurrency $WORKERS, and latency) ==" >&2
+  echo "== rep $rep/$LAST_REP: pgqueuer (drain, concurrency $WORKERS, and latency) ==" >&2
   peers "pgqueuer-$rep" pgqueuer 1 "$([ "$rep" = 1 ] && echo 1 || echo 0)"
 done
 if [ "${FAIRNESS:-1}" = 1 ]; then
