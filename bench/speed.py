@@ -1,0 +1,364 @@
+"""Issue 16's speed figures in one command, each beside its baseline, several rounds interleaved.
+
+    python bench/speed.py [--runs 3] [--quick] [--out DIR] [--base-src DIR] [--only worker,reply,intake]
+    python bench/speed.py report DIR            the table again from a run's folder
+
+Run it with the project's venv (``.venv/bin/python bench/speed.py``) on a machine with
+PostgreSQL (``AUTOM_BENCH_ADMIN_DSN``, default ``postgresql://postgres@127.0.0.1:5432/postgres``)
+and ``wrk``. Each round runs, one after the other:
+
+1. **worker**: ``bench/run_worker_bench.sh`` with RUNS=1 (its rep = this round):
+   autom's drain of N_JOBS no-op jobs in both lanes (``bench/drain.py``: no recipient,
+   1,000 recipients), autom's idle enqueue → start latency (``bench/latency.py``, both
+   lanes), then PGQueuer's drain and latency (``../shared/bench-peers``, its venv
+   made by its ``setup_venv.sh`` when missing);
+2. **reply**: ``bench/reply.py``: an idle ``autom run`` answers signed ``/ping``
+   updates one at a time; POST → the Telegram stub received ``sendMessage``; the
+   same process's RSS after start and after a burst;
+3. **intake**: ``bench/intake.py --levels 16``: wrk's 16 senders against the
+   intake and against the same server's no-database route (a wrong secret: 401),
+   alternating.
+
+With ``--base-src DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/base
+main``) every part also runs that code (``PYTHONPATH=DIR``, rows "autom base")
+right after this checkout's, and the table adds the ratio to it.
+
+The 1-minute load average is sampled every second; the table gives its mean and
+maximum per round. Everything lands in ``--out`` (default
+``$TMPDIR/autom-speed-<time>``): each part's JSON lines and logs, ``table.md``.
+At the defaults (3 rounds) the whole run takes about 10 minutes; ``--quick`` (one
+short round) about 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from drain import collect, fmt, load, med  # noqa: E402 (bench/ is not a package)
+
+PARTS = ("worker", "reply", "intake")
+#: the issue's own figures for webhook → reply (measured before this round, not in the same run)
+ISSUE_REPLY_P50_MS = (4.7, 4.9)
+ISSUE_REPLY_P99_MS = (10.7, 26.0)
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One row: this checkout's values (one a round), its baseline's, and the issue's target."""
+
+    name: str
+    values: list[float]
+    baseline: str = "-"
+    baseline_values: list[float] | None = None
+    #: the target: ("ratio_min", 2.0) = at least 2× the baseline; ("ratio_max", 1.5); ("max", 3.0) = at most 3
+    target: tuple[str, float] | None = None
+    base_values: list[float] | None = None  # --base-src's values
+    unit: str = ""
+    #: the baseline is a figure from another run (the issue's): the ratio is only indicative
+    other_run: bool = False
+
+    def median(self) -> float | None:
+        return med(list(self.values))
+
+    def ratio(self) -> float | None:
+        a, b = self.median(), med(list(self.baseline_values or []))
+        return a / b if a is not None and b else None
+
+    def base_ratio(self) -> float | None:
+        a, b = self.median(), med(list(self.base_values or []))
+        return a / b if a is not None and b else None
+
+    def target_text(self) -> str:
+        if self.target is None:
+            return "-"
+        kind, limit = self.target
+        return {"ratio_min": f"≥ {limit:g}× baseline", "ratio_max": f"≤ {limit:g}× baseline",
+                "max": f"≤ {limit:g}{self.unit}"}[kind]
+
+    def verdict(self) -> str:
+        if self.target is None:
+            return "-"
+        kind, limit = self.target
+        value = self.median() if kind == "max" else self.ratio()
+        if value is None:
+            return "no data"
+        met = value >= limit if kind == "ratio_min" else value <= limit
+        return "**met**" if met else "missed"
+
+
+def number(v: float) -> str:
+    """A figure as the tables show it: rates with k, milliseconds with one or two decimals."""
+    if v >= 1000:
+        return fmt(v)
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def spread(values: list[float] | None) -> str:
+    """median (min–max), or the one value, or "-"."""
+    vals = [v for v in values or [] if v is not None]
+    if not vals:
+        return "-"
+    m = statistics.median(vals)
+    return number(m) if len(vals) == 1 else f"{number(m)} ({number(min(vals))}–{number(max(vals))})"
+
+
+def of(recs: list[dict[str, Any]], test: str, key: str, variant: str | None = None,
+       where: Callable[[dict[str, Any]], bool] = lambda r: True) -> list[float]:
+    """``key`` of every autom record of ``test`` (and ``variant``) that ``where`` accepts, in file order."""
+    return [r[key] for r in recs if r.get("system") == "autom" and r.get("test") == test
+            and r.get("variant") == variant and where(r) and r.get(key) is not None]
+
+
+def figures(worker_recs: list[dict[str, Any]], speed_recs: list[dict[str, Any]]) -> list[Figure]:
+    """The table's rows from the worker bench's records (drain.py, latency.py, the peers')
+    and the reply/rss/intake records of the rounds."""
+    rows = collect(worker_recs)
+    pgq = rows.get("pgqueuer", {})
+    out: list[Figure] = []
+    lanes = (("no recipient", "autom, jobs without recipient"),
+             ("1,000 recipients", "autom, jobs over 1,000 recipients"))
+    for lane, row in lanes:
+        out.append(Figure(
+            f"drain, {lane} (jobs/s, worker start → stopped)", rows.get(row, {}).get("sts", []),
+            "PGQueuer", pgq.get("sts", []), ("ratio_min", 2.0),
+            rows.get(row.replace("autom,", "autom base,"), {}).get("sts")))
+    for key, limit in (("p50", 2.0), ("p99", 5.0)):
+        for lane, row in lanes:
+            lane_name = "with a recipient" if "1,000" in lane else lane
+            out.append(Figure(
+                f"idle enqueue → start {key}, {lane_name} (ms)", rows.get(row, {}).get(key, []),
+                "PGQueuer", pgq.get(key, []), ("max", limit),
+                rows.get(row.replace("autom,", "autom base,"), {}).get(key), " ms"))
+    for key, limit, issue in (("p50_ms", 3.0, ISSUE_REPLY_P50_MS), ("p99_ms", None, ISSUE_REPLY_P99_MS)):
+        out.append(Figure(
+            f"webhook → reply {key[:3]}, idle (ms)", of(speed_recs, "reply", key),
+            f"issue 16's run: {issue[0]:g}–{issue[1]:g}", list(issue), ("max", limit) if limit else None,
+            of(speed_recs, "reply", key, "base") or None, " ms", other_run=True))
+
+    def route(name: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda r: r.get("route") == name and r.get("senders") == 16
+
+    for label, key, target in (("rate (webhooks/s)", "rate", None), ("p99 (ms)", "p99_ms", ("ratio_max", 1.5)),
+                               ("server CPU per request (ms)", "cpu_ms_per_request", ("max", 0.55))):
+        out.append(Figure(
+            f"intake, 16 senders: {label}", of(speed_recs, "intake", key, where=route("intake")),
+            "no-database route", of(speed_recs, "intake", key, where=route("nodb")), target,
+            of(speed_recs, "intake", key, "base", route("intake")) or None, " ms" if "ms" in key else ""))
+    for label, key in (("after start", "start_mb"), ("after a burst", "after_burst_mb")):
+        out.append(Figure(
+            f"idle RSS of autom run, {label} (MB)", of(speed_recs, "rss", key), target=("max", 80.0),
+            base_values=of(speed_recs, "rss", key, "base") or None, unit=" MB"))
+    return out
+
+
+def table(figs: list[Figure], rounds: list[dict[str, Any]]) -> str:
+    """The markdown table, and the load per round under it."""
+    with_base = any(f.base_values for f in figs)
+    head = "| figure | autom: median (min–max) | baseline | baseline: median (min–max) | autom ÷ baseline |"
+    head += " autom base | autom ÷ base |" if with_base else ""
+    head += " target | met |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for f in figs:
+        ratio = f.ratio()
+        ratio_text = "-" if ratio is None else f"{ratio:.2f}×" + (" †" if f.other_run else "")
+        cells = [f.name, spread(f.values), f.baseline, spread(f.baseline_values) if not f.other_run else "-",
+                 ratio_text]
+        if with_base:
+            base_ratio = f.base_ratio()
+            cells += [spread(f.base_values), "-" if base_ratio is None else f"{base_ratio:.2f}×"]
+        cells += [f.target_text(), f.verdict()]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Median (min–max) over the rounds. † the baseline is a figure of another run (issue 16's), "
+                 "the ratio only indicative; run with --base-src for one in the same run.")
+    lines.append("1-minute load per round (mean, max of 1-second samples; 2 cores shared): " + ", ".join(
+        f"round {r['round']}: {r['load_mean']:.2f}, {r['load_max']:.2f}"
+        + (f" ({', '.join(r['failed'])} failed)" if r.get("failed") else "") for r in rounds))
+    return "\n".join(lines)
+
+
+def reply_parts(speed_recs: list[dict[str, Any]]) -> str:
+    """Where webhook → reply's time goes: the p50 of each part, median over the rounds."""
+    recs = [r for r in speed_recs if r.get("test") == "reply" and r.get("variant") is None]
+    if not recs:
+        return ""
+    names = {"answered": "202 read by the sender", "stored": "event stored (intake transaction began)",
+             "claimed": "job claimed (claim transaction began)", "claim_to_reply": "claimed → stub got sendMessage"}
+    parts = ", ".join(f"{label} {statistics.median(r['parts_p50_ms'][k] for r in recs):.2f} ms"
+                      for k, label in names.items() if k != "claim_to_reply")
+    rest = statistics.median(r["parts_p50_ms"]["claim_to_reply"] for r in recs)
+    return (f"webhook → reply, p50 from the POST (median of the rounds): {parts}; then "
+            f"{names['claim_to_reply']} {rest:.2f} ms")
+
+
+def report(folder: Path) -> str:
+    """The table of a run's folder (worker-N/ from run_worker_bench.sh, speed.jsonl, rounds.jsonl)."""
+    worker_recs = [r for p in sorted(folder.glob("worker-*/autom.jsonl")) for r in load(str(p))]
+    worker_recs += [r for p in sorted(folder.glob("worker-*/peers-*/results.jsonl")) for r in load(str(p))]
+    speed_path, rounds_path = folder / "speed.jsonl", folder / "rounds.jsonl"
+    speed_recs = load(str(speed_path)) if speed_path.exists() else []
+    rounds = load(str(rounds_path)) if rounds_path.exists() else []
+    text = table(figures(worker_recs, speed_recs), rounds)
+    parts = reply_parts(speed_recs)
+    return text + ("\n" + parts if parts else "")
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+class LoadSampler:
+    """The 1-minute load average once a second, in a thread."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), os.getloadavg()[0]))
+            self._stop.wait(1.0)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [load for t, load in self.samples if start <= t <= end] or [os.getloadavg()[0]]
+
+
+def step(name: str, cmd: list[str], env: dict[str, str], log_path: Path) -> bool:
+    """Run one part; its stdout and stderr go to ``log_path``; False (and the log's end shown) if it failed."""
+    started = time.monotonic()
+    with log_path.open("w") as log_file:
+        proc = subprocess.run(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=HERE.parent)
+    took = time.monotonic() - started
+    summary = [ln for ln in log_path.read_text().splitlines()
+               if ln.startswith(("autom ", "pgqueuer drain", "  intake", "  nodb"))]
+    print(f"   {name}: {took:.0f}s" + "".join(f"\n     {ln.strip()}" for ln in summary), file=sys.stderr, flush=True)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-15:])
+        print(f"   {name} FAILED (exit {proc.returncode}), see {log_path}:\n{tail}", file=sys.stderr, flush=True)
+    return proc.returncode == 0
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    py = sys.executable
+    env = {**os.environ, "N_JOBS": str(args.jobs), "WORKERS": str(args.workers), "LAT_N": str(args.lat_n),
+           "LAT_GAP_MS": str(args.gap_ms), "AUTOM_PY": py}
+    base_env = None
+    if args.base_src:
+        base = Path(args.base_src).resolve()
+        if not (base / "autom" / "migrations").exists() and (base / "migrations").is_dir():
+            (base / "autom" / "migrations").symlink_to("../migrations")  # it migrates with its own files
+        base_env = {**env, "PYTHONPATH": f"{base}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH")
+                    else str(base)}
+    speed = str(out / "speed.jsonl")
+    reply = [py, str(HERE / "reply.py"), "--n", str(args.reply_n), "--gap-ms", str(args.gap_ms),
+             "--burst", str(args.burst), "--out", speed]
+    intake = [py, str(HERE / "intake.py"), "--levels", "16", "--rounds", str(args.intake_rounds),
+              "--duration", str(args.intake_seconds), "--out", speed]
+    t0 = time.monotonic()
+    with LoadSampler() as sampler:
+        for n in range(1, args.runs + 1):
+            started, failed = time.time(), []
+            print(f"== round {n}/{args.runs} (load {os.getloadavg()[0]:.2f}) ==", file=sys.stderr, flush=True)
+            if "worker" in parts:
+                worker_env = {**env, "RUNS": "1", "FIRST_REP": str(n), "OTHER_PEERS": "", "FAIRNESS": "0",
+                              "OUT": str(out / f"worker-{n}")}
+                if args.base_src:
+                    worker_env["BASE_SRC"] = str(Path(args.base_src).resolve())
+                if not step("worker (drain both lanes, idle latency, PGQueuer)",
+                            ["bash", str(HERE / "run_worker_bench.sh")], worker_env, out / f"worker-{n}.log"):
+                    failed.append("worker")
+            for name, cmd in (("reply", reply), ("intake", intake)):
+                if name not in parts:
+                    continue
+                if not step(name, cmd, env, out / f"{name}-{n}.log"):
+                    failed.append(name)
+                if base_env is not None and not step(f"{name} (base)", [*cmd, "--variant", "base"], base_env,
+                                                     out / f"{name}-base-{n}.log"):
+                    failed.append(f"{name} base")
+            loads = sampler.between(started, time.time())
+            with (out / "rounds.jsonl").open("a") as f:
+                f.write(json.dumps({"round": n, "started": started, "secs": time.time() - started,
+                                    "load_mean": statistics.fmean(loads), "load_max": max(loads),
+                                    "failed": failed}) + "\n")
+    text = report(out)
+    (out / "table.md").write_text(text + "\n")
+    print(f"\ntotal {time.monotonic() - t0:.0f}s; everything in {out}\n", file=sys.stderr, flush=True)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        if len(argv) != 2:
+            print("usage: bench/speed.py report DIR", file=sys.stderr)
+            return 2
+        print(report(Path(argv[1])))
+        return 0
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=int(env("RUNS", "3")), help="rounds (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one short round: 5,000 jobs, 50 latency and reply samples, 2 s intake runs")
+    parser.add_argument("--jobs", type=int, default=int(env("N_JOBS", "20000")), help="jobs per drain")
+    parser.add_argument("--workers", type=int, default=int(env("WORKERS", "16")),
+                        help="drain/latency workers, and PGQueuer's concurrency")
+    parser.add_argument("--lat-n", type=int, default=int(env("LAT_N", "200")), help="idle latency samples per lane")
+    parser.add_argument("--gap-ms", type=float, default=float(env("LAT_GAP_MS", "50")),
+                        help="mean idle gap between two samples (latency and reply)")
+    parser.add_argument("--reply-n", type=int, default=int(env("REPLY_N", "200")), help="webhook → reply samples")
+    parser.add_argument("--burst", type=int, default=int(env("REPLY_BURST", "2000")),
+                        help="updates in the burst before the second RSS reading")
+    parser.add_argument("--intake-seconds", type=float, default=float(env("INTAKE_SECONDS", "4")),
+                        help="seconds of each wrk run (no-DB, then intake)")
+    parser.add_argument("--intake-rounds", type=int, default=int(env("INTAKE_ROUNDS", "1")),
+                        help="alternating no-DB/intake wrk runs per round")
+    parser.add_argument("--only", default=",".join(PARTS), help="the parts to run (worker,reply,intake)")
+    parser.add_argument("--base-src", default=env("BASE_SRC"),
+                        help="a checkout of older autom code to run beside this one (rows 'autom base')")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.jobs, args.lat_n, args.reply_n, args.burst, args.intake_seconds = 1, 5000, 50, 50, 500, 2.0
+    unknown = set(args.only.split(",")) - set(PARTS)
+    if unknown:
+        parser.error(f"--only: unknown parts {sorted(unknown)}")
+    if args.out is None:
+        args.out = Path(os.environ.get("TMPDIR", "/tmp")) / f"autom-speed-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
