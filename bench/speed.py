@@ -221,7 +221,10 @@ def report(folder: Path) -> str:
     rounds = load(str(rounds_path)) if rounds_path.exists() else []
     text = table(figures(worker_recs, speed_recs), rounds)
     parts = reply_parts(speed_recs)
-    return text + ("\n" + parts if parts else "")
+    details = (f"Details in {folder}: worker-N/table.md (drain.py's table of round N), reply-N.log, "
+               "intake-N.log; all rounds' worker table: bench/drain.py report worker-*/autom.jsonl "
+               "worker-*/peers-*/results.jsonl")
+    return text + ("\n" + parts if parts else "") + "\n" + details
 
 
 # --- the run ------------------------------------------------------------------------------
