@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Any, Final, NoReturn, TypeVar, cast
 
 import psycopg
 import trio
@@ -70,6 +70,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from autom.db.listen import serve_notifications
+from autom.db.native import TrioConnection, TrioPool
 from autom.errors import AutomError, DatabaseUnavailable, QueryError
 
 __all__ = ["Conn", "Database", "Params", "Query", "Row", "Tx", "open_database"]
@@ -160,7 +161,7 @@ def _cancel_call(call: _Call, grace: float) -> None:
         log.warning("a cancelled database call still runs after %.1f s; it will finish on its own", grace)
 
 
-def _is_unavailable(exc: BaseException, conn: Conn | None) -> bool:
+def _is_unavailable(exc: BaseException, conn: Conn | TrioConnection | None) -> bool:
     """Whether ``exc`` means the database cannot be reached (as opposed to an error of the query)."""
     if not isinstance(exc, psycopg.Error):
         return False
@@ -172,7 +173,7 @@ def _is_unavailable(exc: BaseException, conn: Conn | None) -> bool:
     return state is None or state.startswith("08") or state in _CONNECTION_LOST_STATES
 
 
-def _translate(exc: psycopg.Error, conn: Conn | None) -> AutomError:
+def _translate(exc: psycopg.Error, conn: Conn | TrioConnection | None) -> AutomError:
     """autom's error for a psycopg error: ``DatabaseUnavailable`` for a lost connection, else ``QueryError``."""
     if _is_unavailable(exc, conn):
         # the statement was on its way or running: it may have been applied
@@ -225,6 +226,34 @@ def _fetch_val(conn: Conn, query: Query, params: Params | None, prepare: bool | 
     return None if row is None else next(iter(row.values()), None)
 
 
+# What a native call returns (``Database._native``).
+_ROWCOUNT: Final = 0
+_ALL: Final = 1
+_ONE: Final = 2
+_VAL: Final = 3
+
+
+async def _native_result(
+    conn: TrioConnection, kind: int, query: Query, params: Params | None, prepare: bool | None
+) -> Any:
+    if prepare and isinstance(query, str) and query not in conn.prepared_here:
+        # The first run on this connection: PREPARE and EXECUTE in one pipeline, one
+        # round trip and one implicit transaction (see _run_statement).
+        async with conn.pipeline():
+            cursor = await conn.execute(query, params, prepare=True)
+        conn.prepared_here.add(query)
+    else:
+        cursor = await conn.execute(query, params, prepare=prepare)
+    if kind == _ROWCOUNT:
+        return cursor.rowcount
+    if kind == _ALL:
+        return await cursor.fetchall()
+    row = await cursor.fetchone()
+    if kind == _ONE or row is None:
+        return row
+    return next(iter(row.values()), None)
+
+
 def _fail_if_aborted(conn: Conn) -> None:
     # psycopg's commit() (and the end of conn.transaction()) quietly rolls back
     # a failed transaction: code that caught a statement's error without a
@@ -247,6 +276,7 @@ class Database:
     def __init__(
         self,
         pool: ConnectionPool[Conn],
+        native: TrioPool,
         *,
         conninfo: str,
         connect_kwargs: dict[str, Any],
@@ -255,11 +285,13 @@ class Database:
         name: str,
     ) -> None:
         self._pool = pool
+        self._native_pool = native
         self._conninfo = conninfo
         self._connect_kwargs = connect_kwargs
         self._pool_timeout = pool_timeout
         self._name = name
-        # One thread per pool connection; a transaction() holds a token too.
+        # The slots: a native call, a run() thread and a transaction() each hold one,
+        # so both pools together serve at most max_size callers at a time.
         self._limiter = trio.CapacityLimiter(max_size)
         # Cancel/cleanup hops must never queue behind the calls they clean up.
         self._cleanup_limiter = trio.CapacityLimiter(max_size)
@@ -287,19 +319,19 @@ class Database:
         ``prepare``: psycopg's (see the module docstring, Prepared statements):
         True prepares the statement at its first run on each connection.
         """
-        return await self._pooled(_execute, (query, params, prepare))
+        return int(await self._native(_ROWCOUNT, query, params, prepare))
 
     async def fetch_all(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> list[Row]:
         """Every row of one statement, as dicts (``prepare`` as for ``execute``)."""
-        return await self._pooled(_fetch_all, (query, params, prepare))
+        return cast(list[Row], await self._native(_ALL, query, params, prepare))
 
     async def fetch_one(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> Row | None:
         """The first row of one statement, or ``None`` (``prepare`` as for ``execute``)."""
-        return await self._pooled(_fetch_one, (query, params, prepare))
+        return cast(Row | None, await self._native(_ONE, query, params, prepare))
 
     async def fetch_val(self, query: Query, params: Params | None = None, *, prepare: bool | None = None) -> Any:
         """The first column of the first row, or ``None`` when there is no row (``prepare`` as for ``execute``)."""
-        return await self._pooled(_fetch_val, (query, params, prepare))
+        return await self._native(_VAL, query, params, prepare)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
@@ -335,7 +367,7 @@ class Database:
         """
         with trio.move_on_after(timeout):
             try:
-                value = await self._pooled(_fetch_val, ("select 1", None), grace=timeout)
+                value = await self._native(_VAL, "select 1", None, None, grace=timeout)
             except Exception as exc:
                 log.debug("ping failed: %s", exc)
                 return False
@@ -372,15 +404,16 @@ class Database:
         ``max``: the pool's ``max_size``.
         """
         pool = self._pool.get_stats()
+        native = self._native_pool
         # Not psycopg_pool's requests_waiting: it keeps counting clients whose
         # getconn timed out until a connection comes back (*measured*).
         limiter = self._limiter.statistics()
         return {
-            "size": pool.get("pool_size", 0),
-            "available": pool.get("pool_available", 0),
+            "size": pool.get("pool_size", 0) + native.size,
+            "available": pool.get("pool_available", 0) + native.available,
             "busy": limiter.borrowed_tokens,
             "waiting": limiter.tasks_waiting,
-            "max": pool.get("pool_max", 0),
+            "max": int(limiter.total_tokens),
         }
 
     # -- trio side of a hop ------------------------------------------------
@@ -389,6 +422,48 @@ class Database:
         """How long a thread may wait for a pool connection: pool_timeout, or less if a deadline is nearer."""
         remaining = trio.current_effective_deadline() - trio.current_time()
         return max(0.0, min(self._pool_timeout, remaining))
+
+    async def _native(
+        self,
+        kind: int,
+        query: Query,
+        params: Params | None,
+        prepare: bool | None,
+        *,
+        grace: float = CANCEL_GRACE_SECONDS,
+    ) -> Any:
+        """One statement on a native trio connection (autom.db.native): no thread hop."""
+        timeout = self._borrow_timeout()
+        deadline = trio.current_time() + timeout
+        limiter = self._limiter
+        borrower = object()
+        try:
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            acquired = False
+            with trio.move_on_at(deadline):
+                await limiter.acquire_on_behalf_of(borrower)
+                acquired = True
+            if not acquired:
+                raise DatabaseUnavailable(
+                    f"no database connection: all {limiter.total_tokens:g} in use for {timeout:.2f} s"
+                ) from None
+        pool = self._native_pool
+        conn: TrioConnection | None = None
+        try:
+            try:
+                conn = await pool.borrow(deadline)
+            except psycopg.Error as exc:
+                raise DatabaseUnavailable(f"no database connection: {exc}") from exc
+            conn.cancel_grace = grace
+            try:
+                return await _native_result(conn, kind, query, params, prepare)
+            except psycopg.Error as exc:
+                raise _translate(exc, conn) from exc
+        finally:
+            if conn is not None:
+                pool.give_back(conn)
+            limiter.release_on_behalf_of(borrower)
 
     async def _pooled(
         self,
@@ -633,11 +708,17 @@ async def open_database(
         "keepalives_interval": 10,
         "keepalives_count": 3,
     }
+    # The threaded pool serves run() and transaction() only (sync callbacks, not the
+    # hot path): it starts empty and grows on demand up to max_size (handlers'
+    # ctx.transaction() blocks can be as many as the workers). The native pool serves
+    # every single statement. Both share the max_size slots (Database._limiter), so at
+    # most max_size connections are busy at a time; idle ones above min_size (0 for the
+    # threaded pool) close after 10 minutes in either pool.
     pool: ConnectionPool[Conn] = ConnectionPool(
         dsn,
         kwargs={**connect_kwargs, "autocommit": True, "row_factory": dict_row},
-        min_size=min(min_size, max_size),  # open_database(dsn, max_size=1) just works
-        max_size=max_size,
+        min_size=0,
+        max_size=max(1, max_size),
         open=False,
         timeout=pool_timeout,
         # psycopg_pool retries a lost connection with an uncapped doubling
@@ -648,14 +729,25 @@ async def open_database(
         reconnect_timeout=max(pool_timeout, connect_timeout),
         name=name,
     )
+    native = TrioPool(
+        dsn,
+        {**connect_kwargs, "autocommit": True, "row_factory": dict_row},
+        min_size=min(min_size, max_size),  # open_database(dsn, max_size=1) just works
+        max_size=max_size,
+    )
     try:
         await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=connect_timeout))
-    except psycopg.OperationalError as exc:  # PoolTimeout: the pool closed itself
+        with trio.fail_after(connect_timeout):
+            await native.open()
+    except (psycopg.OperationalError, trio.TooSlowError) as exc:  # PoolTimeout: the pool closed itself
+        native.close()
+        await trio.to_thread.run_sync(pool.close)
         reason = await trio.to_thread.run_sync(_why_no_connection, dsn, connect_kwargs)
         raise DatabaseUnavailable(f"database not reachable within {connect_timeout:g} s: {reason}") from exc
     try:
         yield Database(
             pool,
+            native,
             conninfo=dsn,
             connect_kwargs=connect_kwargs,
             max_size=max_size,
@@ -663,6 +755,7 @@ async def open_database(
             name=name,
         )
     finally:
+        native.close()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(pool.close)
 

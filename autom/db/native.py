@@ -1,0 +1,445 @@
+"""psycopg's async API on trio, without a thread hop: a connection class and a small pool.
+
+psycopg 3 writes its protocol as generators (``psycopg.generators``) that yield
+``Wait.R``/``Wait.W``/``Wait.RW`` when they would block; ``AsyncConnection.wait``
+is the single point where an async connection waits for its socket (and
+``waiting.wait_conn_async`` for connect and cancel, whose socket may change).
+:class:`TrioConnection` overrides those with ``trio.lowlevel.wait_readable`` /
+``wait_writable`` on the connection's socket, and its ``lock`` is a trio lock, so
+every method of ``psycopg.AsyncConnection`` and its cursors runs on trio (a
+``select 1`` costs one trip through trio's scheduler instead of two thread hops).
+
+Private psycopg names this relies on (psycopg is pinned to one minor version and
+``tests/unit/test_native_psycopg_names.py`` touches each of them):
+``BaseConnection._connect_gen``, ``BaseConnection._cancel_gen``, the ``lock``
+attribute, ``errors._WaitTimeout`` (what ``notifies(timeout=)`` expects from
+``wait``), the undocumented ``AsyncConnection.wait`` itself, and the
+``psycopg.waiting.Wait``/``Ready`` values.
+
+Cancellation. A trio cancel while a statement runs on the server (the connection
+is ACTIVE) sends a server-side cancel (libpq's non-blocking cancel, driven the
+same way), then keeps reading until the server has answered, all shielded and
+bounded by ``grace`` seconds; if that fails the connection is closed. Only then
+does ``trio.Cancelled`` propagate, so the connection is either clean or closed.
+
+Host names. libpq would resolve them synchronously inside ``connect_start``;
+connecting resolves them first in a worker thread (``conninfo_attempts``), as
+psycopg's asyncio connect does with the loop's resolver.
+
+The pool (:class:`TrioPool`) hands out connections to one task at a time. It
+does not limit concurrency itself: the caller holds a slot of a
+``trio.CapacityLimiter`` of ``max_size`` tokens (``autom.db.bridge`` shares it
+with its threaded pool), so there is always an idle connection or room to open
+one. Idle connections are kept most-recently-used first (warm backends and
+prepared statements); those idle longer than ``max_idle`` are closed when the pool
+is above ``min_size``. A connection whose socket has something to read while idle
+(a server restart or ``pg_terminate_backend`` leaves EOF/FATAL there) is closed
+when found, and its idle siblings are checked the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import select
+from collections import deque
+from collections.abc import Generator
+from typing import Any, Final, TypeVar, cast
+
+import psycopg
+import trio
+from psycopg import errors as e
+from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo, timeout_from_conninfo
+from psycopg.pq import ConnStatus, PipelineStatus, TransactionStatus
+from psycopg.rows import AsyncRowFactory, dict_row
+from psycopg.waiting import Ready, Wait
+
+__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool"]
+
+log = logging.getLogger("autom.db")
+
+RV = TypeVar("RV")
+
+# How long a cancelled statement may take to stop on the server (cancel request + its answer).
+CANCEL_GRACE_SECONDS: Final = 5.0
+
+_WAIT_R: Final = Wait.R
+_WAIT_W: Final = Wait.W
+_READY_R: Final = Ready.R
+_READY_W: Final = Ready.W
+_READY_NONE: Final = Ready.NONE
+_ACTIVE: Final = TransactionStatus.ACTIVE
+_IDLE: Final = TransactionStatus.IDLE
+
+_wait_readable = trio.lowlevel.wait_readable
+_wait_writable = trio.lowlevel.wait_writable
+
+
+def _ready_now(fileno: int, state: int) -> int:
+    """The ``Ready`` flags of ``fileno`` right now (a zero-timeout poll)."""
+    poller = select.poll()
+    poller.register(fileno, (select.POLLIN if state & _WAIT_R else 0) | (select.POLLOUT if state & _WAIT_W else 0))
+    ready = 0
+    for _, events in poller.poll(0):
+        if events & (select.POLLIN | select.POLLERR | select.POLLHUP):
+            ready |= _READY_R
+        if events & select.POLLOUT:
+            ready |= _READY_W
+    return ready
+
+
+async def _wait_either(fileno: int) -> int:
+    """Wait until ``fileno`` is readable or writable (``Wait.RW``: libpq's send buffer was full)."""
+    ready = 0
+    async with trio.open_nursery() as nursery:
+
+        async def readable() -> None:
+            nonlocal ready
+            await _wait_readable(fileno)
+            ready |= _READY_R
+            nursery.cancel_scope.cancel()
+
+        async def writable() -> None:
+            nonlocal ready
+            await _wait_writable(fileno)
+            ready |= _READY_W
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(readable)
+        nursery.start_soon(writable)
+    return ready
+
+
+async def _wait_for(fileno: int, state: int) -> int:
+    """Block until ``fileno`` is ready for ``state``; the ``Ready`` flags to send to the generator."""
+    if state == _WAIT_R:
+        await _wait_readable(fileno)
+        return _READY_R
+    if state == _WAIT_W:
+        await _wait_writable(fileno)
+        return _READY_W
+    if not state & (_WAIT_R | _WAIT_W):
+        raise e.InternalError(f"bad poll status: {state}")
+    # Wait.RW: a socket asked for writing is nearly always writable already
+    return _ready_now(fileno, state) or await _wait_either(fileno)
+
+
+async def wait_conn(gen: Generator[tuple[int, Wait], int, RV]) -> RV:
+    """Drive a connect/cancel generator (it yields ``(fileno, Wait)``: the socket may change)."""
+    try:
+        fileno, state = next(gen)
+        while True:
+            fileno, state = gen.send(await _wait_for(fileno, state))
+    except StopIteration as ex:
+        return cast(RV, ex.value)
+    except OSError as ex:
+        raise e.OperationalError("connection socket closed") from ex
+
+
+class _TaskLock:
+    """``AsyncConnection.lock`` for trio: a ``trio.Lock`` taken without a checkpoint when free.
+
+    The pool gives a connection to one task at a time, so the lock is nearly
+    always free; the statement that follows waits on the socket anyway. Like
+    ``trio.Lock`` it refuses a release by a task that does not hold it.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = trio.Lock()
+
+    async def __aenter__(self) -> None:
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+
+class TrioConnection(psycopg.AsyncConnection[Any]):
+    """A ``psycopg.AsyncConnection`` that waits with trio (see the module docstring).
+
+    Make one with :meth:`connect_trio`, close it with :meth:`close` (or
+    :meth:`close_now` outside async code).
+    """
+
+    cancel_grace: float = CANCEL_GRACE_SECONDS
+
+    def __init__(self, pgconn: Any, row_factory: AsyncRowFactory[Any] = dict_row) -> None:
+        super().__init__(pgconn, row_factory)
+        self.lock = _TaskLock()  # type: ignore[assignment]
+        self.last_used = 0.0  # trio time it was last given back to a pool
+        self.prepared_here: set[str] = set()  # statements run with prepare=True on it (autom.db.bridge)
+
+    @classmethod
+    async def connect_trio(
+        cls, conninfo: str = "", *, autocommit: bool = True, row_factory: AsyncRowFactory[Any] = dict_row, **kwargs: Any
+    ) -> TrioConnection:
+        """Connect (every host of ``conninfo`` in turn, each within its ``connect_timeout``)."""
+        params = conninfo_to_dict(conninfo, **kwargs)
+        timeout = timeout_from_conninfo(params)
+        # DNS in a thread (libpq would block the trio loop); IP addresses and unix sockets need none
+        attempts = await trio.to_thread.run_sync(conninfo_attempts, params)
+        failures: list[psycopg.Error] = []
+        conn: TrioConnection | None = None
+        for attempt in attempts:
+            with trio.move_on_after(timeout or math.inf) as scope:
+                try:
+                    conn = await wait_conn(cls._connect_gen(make_conninfo("", **attempt)))
+                except psycopg.Error as ex:
+                    failures.append(ex)
+            if scope.cancelled_caught:
+                failures.append(e.ConnectionTimeout("connection timeout expired"))
+            if conn is not None:
+                break
+        if conn is None:
+            raise failures[-1].with_traceback(None)
+        conn.row_factory = row_factory
+        if autocommit:
+            await conn.set_autocommit(True)  # no round trip: the connection is idle
+        return conn
+
+    async def wait(
+        self,
+        gen: Generator[Wait, int, RV],
+        interval: float = 0.1,
+        timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature)
+    ) -> RV:
+        """Consume a generator operating on the connection, waiting with trio.
+
+        ``timeout`` (used by ``notifies(timeout=)``): raise psycopg's
+        ``_WaitTimeout`` when it expires.
+        """
+        if timeout is not None:
+            with trio.move_on_after(timeout):
+                return await self.wait(gen)
+            raise e._WaitTimeout("wait timeout expired")
+        fileno = self.pgconn.socket
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
+        state: int = _WAIT_R
+        try:
+            state = next(gen)
+            while True:
+                state = gen.send(await _wait_for(fileno, state))
+        except StopIteration as ex:
+            return cast(RV, ex.value)
+        except trio.Cancelled:
+            if self.pgconn.transaction_status == _ACTIVE:
+                await self._stop_on_server(gen, fileno, state)
+            raise
+        except OSError as ex:
+            raise e.OperationalError("connection socket closed") from ex
+
+    async def _stop_on_server(self, gen: Generator[Wait, int, Any], fileno: int, state: int) -> None:
+        """After a trio cancel mid-statement: cancel it on the server and read its answer (shielded, bounded)."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self.cancel_grace
+            try:
+                await self.cancel_trio()
+                while True:
+                    state = gen.send(await _wait_for(fileno, state))
+            except StopIteration:
+                return  # the server answered (the result, if it was quicker than the cancel)
+            except psycopg.Error as ex:
+                pgconn = self.pgconn
+                if pgconn.status == ConnStatus.OK and pgconn.transaction_status != _ACTIVE:
+                    return  # the server answered: QueryCanceled, as expected
+                log.warning("could not stop a cancelled statement (%s): closing its connection", ex)
+            except Exception as ex:
+                log.warning("could not stop a cancelled statement (%s): closing its connection", ex)
+        if scope.cancelled_caught:
+            log.warning("a cancelled statement did not stop within %.1f s: closing its connection", self.cancel_grace)
+        self.close_now()
+
+    async def cancel_trio(self) -> None:
+        """Ask the server to cancel the running statement (libpq's non-blocking cancel, driven by trio)."""
+        if not self._should_cancel():
+            return
+        await wait_conn(self._cancel_gen())
+
+    async def cancel_safe(self, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109 (psycopg's signature)
+        """psycopg's ``cancel_safe`` on trio (``CancellationTimeout`` after ``timeout`` seconds)."""
+        with trio.move_on_after(timeout or math.inf):
+            return await self.cancel_trio()
+        raise e.CancellationTimeout("cancellation timeout expired")
+
+    def close_now(self) -> None:
+        """Close at once (no await): wake trio's waiters on the socket, then close it."""
+        if self.closed:
+            return
+        try:
+            fileno = self.pgconn.socket
+        except psycopg.Error:
+            fileno = -1
+        if fileno >= 0:
+            trio.lowlevel.notify_closing(fileno)
+        self.pgconn.finish()
+
+    async def close(self) -> None:
+        """Close the connection (see :meth:`close_now`)."""
+        self.close_now()
+        await trio.lowlevel.checkpoint()
+
+    @property
+    def clean(self) -> bool:
+        """Whether the connection may serve another task: open, idle, no transaction, no pipeline."""
+        pgconn = self.pgconn
+        return (
+            pgconn.status == ConnStatus.OK
+            and pgconn.transaction_status == _IDLE
+            and pgconn.pipeline_status == PipelineStatus.OFF
+        )
+
+
+def _has_unread_input(conn: TrioConnection) -> bool:
+    """Whether an idle connection's socket has something to read (EOF or a FATAL when the server left)."""
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except Exception:
+        return True  # closed or unusable
+
+
+class TrioPool:
+    """Connections for one task at a time; the caller bounds concurrency (see the module docstring)."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        connect_kwargs: dict[str, Any],
+        *,
+        min_size: int,
+        max_size: int,
+        max_idle: float = 600.0,
+        reconnect_pause: float = 0.05,
+    ) -> None:
+        self._conninfo = conninfo
+        self._kwargs = connect_kwargs
+        self.min_size = min_size
+        self.max_size = max_size
+        self.max_idle = max_idle
+        self._reconnect_pause = reconnect_pause
+        self._idle: deque[TrioConnection] = deque()  # the right end is the most recently used
+        self._size = 0  # open + being opened
+        self._closed = False
+        self.connects = 0
+        self.connect_failures = 0
+        self.discarded = 0
+
+    async def open(self) -> None:
+        """Open ``min_size`` connections (raises psycopg's error if one fails)."""
+        conns: list[TrioConnection] = []
+        failures: list[psycopg.Error] = []
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def one() -> None:
+                    try:
+                        conns.append(await self._connect())
+                    except psycopg.Error as ex:
+                        failures.append(ex)
+
+                for _ in range(self.min_size):
+                    nursery.start_soon(one)
+            if failures:
+                raise failures[0]
+        except BaseException:
+            for conn in conns:
+                self._drop(conn)
+            raise
+        now = trio.current_time()
+        for conn in conns:
+            conn.last_used = now
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        """Close the idle connections; borrowed ones are closed when given back."""
+        self._closed = True
+        while self._idle:
+            self._drop(self._idle.pop())
+
+    async def borrow(self, deadline: float) -> TrioConnection:
+        """A connection for the calling task: an idle one, else a new one (retried until ``deadline``).
+
+        Raises psycopg's error of the last connection attempt when ``deadline`` passes.
+        """
+        if self._closed:
+            raise e.OperationalError("the connection pool is closed")
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.pgconn.status == ConnStatus.OK and not _has_unread_input(conn):
+                return conn
+            # Dead (server restarted, backend terminated): nothing was sent on it yet.
+            log.info("discarding a dead database connection")
+            self._drop(conn)
+            self.sweep()
+        pause = self._reconnect_pause
+        while True:
+            try:
+                with trio.fail_at(deadline):
+                    return await self._connect()
+            except trio.TooSlowError:
+                raise e.ConnectionTimeout("no database connection before the deadline") from None
+            except psycopg.OperationalError as ex:
+                if trio.current_time() + pause >= deadline:
+                    raise
+                log.debug("database connection failed (%s); retrying in %.2f s", ex, pause)
+            await trio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    def give_back(self, conn: TrioConnection) -> None:
+        """Return a borrowed connection: kept when clean, else closed."""
+        if self._closed or not conn.clean:
+            if conn.pgconn.status != ConnStatus.OK:
+                self.sweep()  # a lost connection: its idle siblings may be dead too
+            self._drop(conn)
+            return
+        now = trio.current_time()
+        conn.last_used = now
+        idle = self._idle
+        idle.append(conn)
+        # retire the least recently used while above min_size
+        while len(idle) > 1 and self._size > self.min_size and now - idle[0].last_used > self.max_idle:
+            self._drop(idle.popleft())
+
+    def sweep(self) -> None:
+        """Close the idle connections whose socket says the server left."""
+        for conn in [c for c in self._idle if c.pgconn.status != ConnStatus.OK or _has_unread_input(c)]:
+            self._idle.remove(conn)
+            self._drop(conn)
+
+    @property
+    def size(self) -> int:
+        """Connections open or being opened."""
+        return self._size
+
+    @property
+    def available(self) -> int:
+        """Idle connections."""
+        return len(self._idle)
+
+    async def _connect(self) -> TrioConnection:
+        self._size += 1
+        try:
+            conn = await TrioConnection.connect_trio(self._conninfo, **self._kwargs)
+        except BaseException:
+            self._size -= 1
+            self.connect_failures += 1
+            raise
+        self.connects += 1
+        return conn
+
+    def _drop(self, conn: TrioConnection) -> None:
+        self._size -= 1
+        self.discarded += 1
+        try:
+            conn.close_now()
+        except Exception as ex:  # pragma: no cover (finish() does not fail)
+            log.debug("closing a database connection failed: %s", ex)
