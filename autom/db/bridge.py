@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import logging
 import math
-import select
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -70,7 +69,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from autom.db.listen import serve_notifications
-from autom.db.native import TrioConnection, TrioPool
+from autom.db.native import TrioConnection, TrioPool, has_unread_input
 from autom.errors import AutomError, DatabaseUnavailable, QueryError
 
 __all__ = ["Conn", "Database", "Params", "Query", "Row", "Tx", "open_database"]
@@ -182,16 +181,6 @@ def _translate(exc: psycopg.Error, conn: Conn | TrioConnection | None) -> AutomE
     return QueryError(
         f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}", sqlstate=state, transient=state in TRANSIENT_STATES
     )
-
-
-def _has_unread_input(conn: Conn) -> bool:
-    """Whether an idle connection's socket has something to read (EOF or a FATAL when the server left)."""
-    try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except Exception:
-        return True  # closed or unusable: let the real check decide
 
 
 def _run_statement(conn: Conn, query: Query, params: Params | None, prepare: bool | None) -> psycopg.Cursor[Row]:
@@ -513,7 +502,7 @@ class Database:
                 conn = self._pool.getconn(timeout=max(0.01, deadline - time.monotonic()))
             except psycopg.OperationalError as exc:  # PoolTimeout, PoolClosed, TooManyRequests
                 raise DatabaseUnavailable(f"no database connection: {exc}") from exc
-            if not _has_unread_input(conn):
+            if not has_unread_input(conn):
                 return conn
             try:
                 ConnectionPool.check_connection(conn)

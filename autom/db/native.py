@@ -54,7 +54,7 @@ from psycopg.pq import ConnStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.waiting import Ready, Wait
 
-__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool"]
+__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool", "has_unread_input"]
 
 log = logging.getLogger("autom.db")
 
@@ -297,11 +297,11 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         )
 
 
-def _has_unread_input(conn: TrioConnection) -> bool:
+def has_unread_input(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether an idle connection's socket has something to read (EOF or a FATAL when the server left)."""
     try:
         poller = select.poll()
-        poller.register(conn.pgconn.socket, select.POLLIN)
+        poller.register(conn.fileno(), select.POLLIN)
         return bool(poller.poll(0))
     except Exception:
         return True  # closed or unusable
@@ -374,7 +374,7 @@ class TrioPool:
             raise e.OperationalError("the connection pool is closed")
         while self._idle:
             conn = self._idle.pop()
-            if conn.pgconn.status == ConnStatus.OK and not _has_unread_input(conn):
+            if conn.pgconn.status == ConnStatus.OK and not has_unread_input(conn):
                 return conn
             # Dead (server restarted, backend terminated): nothing was sent on it yet.
             log.info("discarding a dead database connection")
@@ -411,7 +411,7 @@ class TrioPool:
 
     def sweep(self) -> None:
         """Close the idle connections whose socket says the server left."""
-        for conn in [c for c in self._idle if c.pgconn.status != ConnStatus.OK or _has_unread_input(c)]:
+        for conn in [c for c in self._idle if c.pgconn.status != ConnStatus.OK or has_unread_input(c)]:
             self._idle.remove(conn)
             self._drop(conn)
 
