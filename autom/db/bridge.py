@@ -1,11 +1,25 @@
-"""The psycopg bridge for trio: sync psycopg 3 + ``psycopg_pool.ConnectionPool`` in worker threads.
+"""The psycopg bridge for trio: native trio connections for single statements, threads for the rest.
 
-psycopg's async API is asyncio-only, so every database call is one
-``trio.to_thread.run_sync`` hop that borrows a connection, runs the call and
-returns the connection (folding the three into one hop doubled throughput,
-measured when the bridge was chosen). A ``trio.CapacityLimiter`` of the pool size bounds the
-threads: more would only block in ``getconn``, and trio's default limiter is
-shared by the whole process.
+Two paths behind one interface:
+
+- ``execute``/``fetch_*``/``ping`` (single autocommit statements: the claim,
+  completion, renewals, the intake's store, enqueue, counts) run on
+  ``autom.db.native``: psycopg's ``AsyncConnection`` driven by trio on its
+  socket, from a small trio pool. No thread hop: measured ~3x the calls per
+  second and a third of the CPU per call of the threaded path (bench/RESULTS.md,
+  "Speed round two: the trio-native driver").
+- ``run(fn)`` and ``transaction()`` call sync code (``fn(conn)``) and stay on sync
+  psycopg + ``psycopg_pool.ConnectionPool`` in worker threads: each is one
+  ``trio.to_thread.run_sync`` hop that borrows a connection, runs the call and
+  returns the connection (folding the three into one hop doubled throughput,
+  measured when the bridge was chosen). That pool starts empty and grows on demand.
+
+Both pools share one ``trio.CapacityLimiter`` of ``max_size`` slots: a native
+call, a ``run`` and a ``transaction()`` each hold one, so at most ``max_size``
+connections are busy at a time, a caller waits at most ``pool_timeout`` (or its
+own trio deadline) for a slot, and ``stats`` counts both. Cancellation and errors
+behave the same on both paths; the native path's details are in autom.db.native.
+What follows describes the threaded path.
 
 Cancellation. A thread cannot be interrupted, and a plain ``to_thread`` ignores
 a trio cancel while the query runs on. Here the hop is started with
