@@ -50,7 +50,7 @@ short ``reconnect_timeout`` so that a long outage does not leave it sleeping in
 its backoff once the server is back (see ``open_database``). While the server
 is down, calls fail with ``DatabaseUnavailable`` after ``pool_timeout``.
 
-LISTEN runs on a connection of its own, outside the pool (``autom.db.listen``).
+LISTEN runs on a native connection of its own, outside the pools (``autom.db.listen``).
 
 Prepared statements. ``execute``/``fetch_*`` take psycopg's ``prepare``: with
 ``True`` the statement is prepared at its first run on each pool connection
@@ -386,17 +386,15 @@ class Database:
     ) -> NoReturn:
         """LISTEN on ``channel`` forever, calling ``on_notify(payload)`` in trio for each NOTIFY.
 
-        Uses a dedicated autocommit connection (not from the pool) in a thread,
-        named ``<name>-listen``. ``task_status.started()`` is called once
-        listening (it keeps retrying until the first LISTEN works). If the connection
-        breaks it reconnects with backoff (0.5 s to 5 s) forever and calls
-        ``on_notify("")`` after each reconnect, since notifications may have been
-        missed meanwhile. Stops within about 0.1 s when cancelled.
+        Uses a dedicated autocommit native connection (not from the pools; see
+        autom.db.listen), named ``<name>-listen``. ``task_status.started()`` is
+        called once listening (it keeps retrying until the first LISTEN works). If
+        the connection breaks it reconnects with backoff (0.5 s to 5 s) forever and
+        calls ``on_notify("")`` after each reconnect, since notifications may have
+        been missed meanwhile. Stops at once when cancelled.
         """
         kwargs = {**self._connect_kwargs, "autocommit": True, "application_name": f"{self._name}-listen"}
-        await serve_notifications(
-            self._conninfo, kwargs, channel, on_notify, cleanup_limiter=self._cleanup_limiter, task_status=task_status
-        )
+        await serve_notifications(self._conninfo, kwargs, channel, on_notify, task_status=task_status)
 
     @property
     def stats(self) -> dict[str, int]:
