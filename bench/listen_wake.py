@@ -40,17 +40,19 @@ async def main() -> None:
 
     sender = psycopg.connect(args.dsn, autocommit=True)
     try:
-        async with open_database(args.dsn, min_size=1, max_size=2, name="autom-bench-listen") as db:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(db.listen, "autom_bench_wake", on_notify)
-                for i in range(args.n):
-                    got = trio.Event()
-                    sent[str(i)] = time.perf_counter()
-                    sender.execute("select pg_notify('autom_bench_wake', %s)", [str(i)])  # blocks the loop briefly
-                    with trio.fail_after(5):
-                        await got.wait()
-                    await trio.sleep(args.gap_ms / 1000)
-                nursery.cancel_scope.cancel()
+        async with (
+            open_database(args.dsn, min_size=1, max_size=2, name="autom-bench-listen") as db,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(db.listen, "autom_bench_wake", on_notify)
+            for i in range(args.n):
+                got = trio.Event()
+                sent[str(i)] = time.perf_counter()
+                sender.execute("select pg_notify('autom_bench_wake', %s)", [str(i)])  # blocks the loop briefly
+                with trio.fail_after(5):
+                    await got.wait()
+                await trio.sleep(args.gap_ms / 1000)
+            nursery.cancel_scope.cancel()
     finally:
         sender.close()
     ms = sorted(w * 1000 for w in waits)
