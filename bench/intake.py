@@ -386,8 +386,11 @@ def drive(args: argparse.Namespace) -> int:
         if args.out:  # one JSON line per (senders, route), for bench/speed.py
             from drain import emit  # bench/ is this script's folder, first on sys.path
 
+            import autom
+
             for r in combined.values():  # r.route: "nodb" or "intake"
                 emit({"system": "autom", "test": "intake", "variant": args.variant, "rounds": args.rounds,
+                      "autom_src": str(Path(autom.__file__).parent),
                       "duration_s": args.duration, **r.__dict__, "rate": r.rate,
                       "load_1min": os.getloadavg()[0]}, args.out)
         accepted = sum(r.requests - r.non_2xx for r in runs if r.route == "intake")
@@ -555,5 +558,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: an older checkout can be run
     sys.exit(main())

@@ -286,7 +286,10 @@ def run(args: argparse.Namespace) -> int:
         sent = res.pop("sent")
         parts = breakdown(sent, stamps)
         load = os.getloadavg()[0]
+        import autom
+
         rec = {"system": "autom", "test": "reply", "variant": args.variant, "n": len(sent), "gap_ms": args.gap_ms,
+               "autom_src": str(Path(autom.__file__).parent),
                "workers": args.workers, **summary(parts["reply"]),
                "parts_p50_ms": {k: statistics.median(v) for k, v in parts.items()},
                "parts_p99_ms": {k: pct(v, 99) for k, v in parts.items()},
