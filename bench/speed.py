@@ -180,6 +180,8 @@ def table(figs: list[Figure], rounds: list[dict[str, Any]]) -> str:
     head += " target | met |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in figs:
+        if not f.values and not f.base_values and (f.other_run or not f.baseline_values):
+            continue  # a part that was not run (--only); a failed one shows in the load line
         ratio = f.ratio()
         ratio_text = "-" if ratio is None else f"{ratio:.2f}×" + (" †" if f.other_run else "")
         cells = [f.name, spread(f.values), f.baseline, spread(f.baseline_values) if not f.other_run else "-",

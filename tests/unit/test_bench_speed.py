@@ -121,10 +121,15 @@ def test_the_table_shows_base_columns_only_with_base_figures(speed: Any) -> None
     assert "| 0.62× † | 6.00 | 0.50× | ≤ 3 ms | **met** |" in reply
 
 
-def test_no_records_give_no_data_not_an_error(speed: Any) -> None:
+def test_parts_without_records_are_left_out_of_the_table(speed: Any) -> None:
     figs = speed.figures([], [])
     assert {f.verdict() for f in figs} <= {"no data", "-"}
-    assert "| - |" in speed.table(figs, [])
+    assert [line for line in speed.table(figs, []).splitlines() if line.startswith("| ")] == [
+        line for line in speed.table([], []).splitlines() if line.startswith("| ")]  # the header alone
+
+    worker, _ = three_rounds()
+    rows = [line for line in speed.table(speed.figures(worker, []), []).splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 6  # the header, then drain and idle latency; no reply, intake or RSS rows
 
 
 def test_report_reads_a_run_folder(speed: Any, tmp_path: Path) -> None:
