@@ -5,7 +5,9 @@ connection of its own (the same for any autom checkout, so that only the
 listener differs) that sends ``--n`` notifications ``--gap-ms`` apart. Each
 figure is from just before the sender's ``pg_notify`` to the listener's callback
 (the commit included). Compare checkouts with PYTHONPATH, interleaved (see
-bench/db_calls.py). Prints one JSON line: p50/p99/max in ms.
+bench/db_calls.py). Then ``--idle`` seconds with the listener running and
+nothing sent: the process's CPU meanwhile (a listener that polls costs some).
+Prints one JSON line: p50/p99/max in ms, idle CPU in ms per second.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -22,11 +25,17 @@ import trio
 from autom.db import open_database
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default=os.environ.get("AUTOM_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--gap-ms", type=float, default=10.0)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle listening for the CPU figure")
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     sent: dict[str, float] = {}
@@ -52,6 +61,9 @@ async def main() -> None:
                 with trio.fail_after(5):
                     await got.wait()
                 await trio.sleep(args.gap_ms / 1000)
+            cpu0 = cpu_seconds()
+            await trio.sleep(args.idle)
+            idle_cpu = cpu_seconds() - cpu0
             nursery.cancel_scope.cancel()
     finally:
         sender.close()
@@ -59,6 +71,7 @@ async def main() -> None:
     print(json.dumps({
         "label": args.label, "n": len(ms), "p50_ms": round(statistics.median(ms), 3),
         "p99_ms": round(ms[int(len(ms) * 0.99) - 1], 3), "max_ms": round(ms[-1], 3),
+        "idle_cpu_ms_per_s": round(idle_cpu / args.idle * 1000, 2),
     }), flush=True)
 
 
