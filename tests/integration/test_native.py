@@ -229,3 +229,26 @@ async def test_pool_retires_connections_idle_too_long(empty_dsn: str) -> None:
     finally:
         pool.close()
     assert pool.size == 0
+
+
+async def test_listen_retries_a_refusing_server_until_cancelled(caplog: pytest.LogCaptureFixture) -> None:
+    from autom.db.listen import serve_notifications
+
+    started = False
+
+    class Status:
+        def started(self, value: None = None) -> None:
+            nonlocal started
+            started = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(
+            serve_notifications, "postgresql://postgres@127.0.0.1:1/postgres", {"connect_timeout": 1}, "nowhere",
+            lambda _payload: None, task_status=Status(),  # type: ignore[arg-type]
+        ))
+        while sum("LISTEN connection failed" in r.getMessage() for r in caplog.records) < 2:
+            await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()  # in its backoff: it just stops
+    assert not started
+    delays = [r.getMessage() for r in caplog.records if "LISTEN connection failed" in r.getMessage()]
+    assert "retrying in 0.5 s" in delays[0] and "retrying in 1.0 s" in delays[1]
