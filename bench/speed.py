@@ -26,8 +26,8 @@ right after this checkout's, and the table adds the ratio to it.
 The 1-minute load average is sampled every second; the table gives its mean and
 maximum per round. Everything lands in ``--out`` (default
 ``$TMPDIR/autom-speed-<time>``): each part's JSON lines and logs, ``table.md``.
-At the defaults (3 rounds) the whole run takes about 10 minutes; ``--quick`` (one
-short round) about 2.
+At the defaults (3 rounds) the whole run takes about 5 minutes on 2 cores (about 10
+with ``--base-src``); ``--quick`` (one short round) about 1.
 """
 
 from __future__ import annotations
