@@ -6,7 +6,8 @@ so one round trip with no BEGIN/COMMIT trips, and a pooled connection held for
 milliseconds.
 
 Group commit (``StoreBatcher``): deliveries that arrive while a hop is in flight
-wait for it to end, then go together in the next hop (at most ``MAX_BATCH``
+wait for it to end, then go together in the next hop, which starts once the event
+loop has nothing else to do (or ``GATHER_SECONDS`` later; at most ``MAX_BATCH``
 deliveries and ``MAX_BATCH_BYTES`` of them), ``intake_store_many``:
 one statement, one transaction, one commit for the batch (the process's CPU per
 hop, not PostgreSQL, limits the intake's rate). Each delivery still gets its own
@@ -39,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from autom.checks import one_line
 from autom.db.bridge import Database, Row
@@ -62,6 +64,9 @@ MAX_BATCH = 64
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 #: Bodies longer than this (characters) are encoded in a worker thread (``encode_delivery``).
 ENCODE_IN_THREAD_CHARS = 64 * 1024
+#: Longest a hop's leader waits for the event loop to have nothing else to do before it
+#: starts the hop (``StoreBatcher``): the deliveries the loop is working on then join it.
+GATHER_SECONDS = 0.002
 #: How long a hop whose connection dropped tries to find out whether it committed.
 SETTLE_SECONDS = 3.0
 #: Longest a batch's hop may take; it runs shielded from the cancellation of the request
@@ -99,13 +104,26 @@ class StoreBatcher:
     one for everything queued (the *leader*); when it ends, the first delivery still
     queued is woken to lead the next. A delivery whose request is cancelled while it
     waits leaves the queue (nothing stored) unless its batch is already in flight.
+
+    A leader does not start its hop at once: it first waits, at most ``gather``
+    seconds (``GATHER_SECONDS``), until the event loop has nothing else to do, so the
+    deliveries the loop is still reading, verifying and parsing join this hop instead
+    of queueing behind it. Without it, concurrent senders moved in a convoy: a big
+    batch answered its senders together, the first of their next deliveries went
+    alone in a hop that was slow (it ran while the loop worked through the others),
+    and the rest waited for it and then for their own hop: that was the intake's p99
+    (bench/RESULTS.md, "Speed round two"). A lone delivery on an idle process waits
+    only for one turn of the loop.
     """
 
-    def __init__(self, db: Database, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES) -> None:
-        """Store through ``db``, at most ``max_batch`` deliveries and ``max_bytes`` per hop."""
+    def __init__(self, db: Database, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES,
+                 gather: float = GATHER_SECONDS) -> None:
+        """Store through ``db``, at most ``max_batch`` deliveries and ``max_bytes`` per hop; a hop's
+        leader waits at most ``gather`` seconds for the event loop to go idle (0: it does not wait)."""
         self._db = db
         self._max_batch = max_batch
         self._max_bytes = max_bytes
+        self._gather = gather
         self._queue: list[_Delivery] = []
         self._busy = False  # a hop is in flight, or a leader has been woken to run one
         #: hops run so far (a batch of many is one hop)
@@ -120,15 +138,21 @@ class StoreBatcher:
         """Store one delivery (``store_params``); see the class docstring."""
         delivery = _Delivery(params)
         self._queue.append(delivery)
-        if self._busy:
-            try:
+        try:
+            if self._busy:
                 await delivery.wake.wait()
-            except BaseException:
-                self._withdraw(delivery)
-                raise
-        else:
-            self._busy = True
-            delivery.lead = True
+            else:
+                self._busy = True
+                delivery.lead = True
+            if delivery.lead and self._gather > 0:
+                # let the deliveries the loop is working on right now join this hop;
+                # wait_all_tasks_blocked is not only for tests: it returns once no task
+                # can run and no I/O is ready (the run loop's own idle check)
+                with trio.move_on_after(self._gather):
+                    await wait_all_tasks_blocked()
+        except BaseException:
+            self._withdraw(delivery)
+            raise
         if delivery.lead:
             await self._lead()
         if delivery.alone:

@@ -23,7 +23,7 @@ import trio
 
 from autom.db import open_database
 from autom.errors import DatabaseUnavailable, QueryError
-from autom.events import StoreBatcher, batch_items, store_params
+from autom.events import GATHER_SECONDS, StoreBatcher, batch_items, store_params
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
 from tests.support.restartable_pg import RestartablePg, restartable_pg
@@ -82,10 +82,10 @@ async def store_all(
         except Exception as exc:
             slot[i] = exc
 
+    hops = batcher.hops_run  # the batcher may have run hops before
     async with trio.open_nursery() as nursery, events_locked(dsn):
         nursery.start_soon(one, first, first_result, 0)
-        await wait_queued(batcher, 0)
-        while batcher.hops_run < 1:
+        while batcher.hops_run == hops:  # its leader may gather first (GATHER_SECONDS)
             await trio.sleep(0.005)
         for i, p in enumerate(rest):  # one at a time: the queue's order is the list's
             nursery.start_soon(one, p, results, i)
@@ -177,6 +177,53 @@ async def test_a_cancelled_request_leaves_the_queue_and_is_not_stored(db: Any, d
     assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
     # and the batcher is idle again, not waiting for a leader that is gone
     assert (await batcher.store(params(3)))[0] is not None
+
+
+async def test_deliveries_arriving_together_go_in_one_hop_with_the_first(db: Any) -> None:
+    """The leader gathers: it starts its hop once the loop has nothing else to do, so the
+    deliveries the loop is working on join it instead of queueing behind a hop of one."""
+    for gather, hops in ((GATHER_SECONDS, 1), (0.0, 2)):  # without gathering: the first alone, then the rest
+        batcher = StoreBatcher(db, gather=gather)
+        results: dict[int, Any] = {}
+        base = 100 * hops
+        async with trio.open_nursery() as nursery:  # all runnable at once, as a wave of requests
+            for n in range(base, base + 6):
+                nursery.start_soon(storer(batcher, results), n)
+        assert batcher.hops_run == hops
+        assert len({r[0] for r in results.values()}) == 6 and all(r[1] == 1 for r in results.values())
+    assert await count_rows(db, "events") == 12
+
+
+async def test_a_leader_cancelled_while_it_gathers_is_not_stored_and_the_next_leads(db: Any) -> None:
+    """A leader waits for the loop to go idle; a busy task keeps it from being idle, and the
+    leader's request is cancelled meanwhile: it leaves, the delivery behind it leads instead."""
+    batcher = StoreBatcher(db, gather=3600.0)  # only the loop going idle ends the wait
+    results: dict[int, Any] = {}
+    busy = True
+    leader: list[trio.CancelScope] = []
+
+    async def spin() -> None:
+        while busy:
+            await trio.lowlevel.checkpoint()  # always runnable: the loop is never idle
+
+    async def first() -> None:
+        with trio.CancelScope() as scope:
+            leader.append(scope)
+            results[1] = await batcher.store(params(1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(spin)
+        nursery.start_soon(first)
+        await wait_queued(batcher, 1)
+        nursery.start_soon(storer(batcher, results), 2)
+        await wait_queued(batcher, 2)
+        leader[0].cancel()
+        await wait_queued(batcher, 1)  # it left the queue
+        busy = False  # the loop can go idle: the new leader stores its hop
+    assert set(results) == {2} and results[2][0] is not None
+    assert batcher.hops_run == 1
+    assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
+    assert (await batcher.store(params(3)))[0] is not None  # idle again, no leader missing
 
 
 async def waiting_on_events_lock(db: Any, n: int) -> None:
