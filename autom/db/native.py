@@ -11,7 +11,7 @@ every method of ``psycopg.AsyncConnection`` and its cursors runs on trio (a
 
 Private psycopg names this relies on (psycopg is pinned to one minor version and
 ``tests/unit/test_native_psycopg_names.py`` touches each of them):
-``BaseConnection._connect_gen``, ``BaseConnection._cancel_gen``, the ``lock``
+``BaseConnection._connect_gen``, ``_cancel_gen``, ``_should_cancel``, ``_pipeline``, the ``lock``
 attribute, ``errors._WaitTimeout`` (what ``notifies(timeout=)`` expects from
 ``wait``), the undocumented ``AsyncConnection.wait`` itself, and the
 ``psycopg.waiting.Wait``/``Ready`` values.
@@ -139,8 +139,12 @@ async def wait_conn(gen: Generator[tuple[int, Wait], int, RV]) -> RV:
 class _TaskLock:
     """``AsyncConnection.lock`` for trio: a ``trio.Lock`` taken without a checkpoint when free.
 
-    The pool gives a connection to one task at a time, so the lock is nearly
-    always free; the statement that follows waits on the socket anyway. Like
+    Not for speed (a plain ``trio.Lock`` measured as fast): for psycopg's cleanup
+    code. asyncio delivers a cancel once; trio raises ``Cancelled`` again at every
+    checkpoint of a cancelled task. psycopg takes the lock in ``finally`` blocks
+    (``pipeline()`` detaching the pipeline after a cancelled sync), and a plain
+    ``trio.Lock`` raised there and skipped the cleanup: the next statement on the
+    connection failed with "another command is already in progress". Like
     ``trio.Lock`` it refuses a release by a task that does not hold it.
     """
 
@@ -184,7 +188,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         """Connect (every host of ``conninfo`` in turn, each within its ``connect_timeout``)."""
         params = conninfo_to_dict(conninfo, **kwargs)
         timeout = timeout_from_conninfo(params)
-        # DNS in a thread (libpq would block the trio loop); IP addresses and unix sockets need none
+        # DNS in a thread (libpq would block the trio loop): one hop per new connection, not per call
         attempts = await trio.to_thread.run_sync(conninfo_attempts, params)
         failures: list[psycopg.Error] = []
         conn: TrioConnection | None = None
@@ -294,6 +298,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
             pgconn.status == ConnStatus.OK
             and pgconn.transaction_status == _IDLE
             and pgconn.pipeline_status == PipelineStatus.OFF
+            and self._pipeline is None  # psycopg's side of it: detached after a cancelled pipeline
         )
 
 

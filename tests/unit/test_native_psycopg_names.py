@@ -47,6 +47,13 @@ def test_wait_is_the_single_blocking_point_we_override() -> None:
 def test_the_lock_attribute_is_replaced() -> None:
     init = inspect.getsource(psycopg.AsyncConnection.__init__)
     assert "self.lock = " in init
+    # taken in a finally block after a cancel (why autom's lock does not checkpoint when free)
+    assert "async with self.lock" in inspect.getsource(psycopg.AsyncConnection.pipeline)
+
+
+def test_the_pipeline_attribute() -> None:
+    assert "_pipeline" in psycopg.AsyncConnection.__annotations__
+    assert "self._pipeline = None" in inspect.getsource(psycopg.AsyncConnection.pipeline)
 
 
 def test_wait_timeout_and_wait_states() -> None:
