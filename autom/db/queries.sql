@@ -43,31 +43,13 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- skipped. The two lanes take turns (see pick), so a backlog in one cannot hold
 -- back the other. Each claim takes a new lease generation and counts an attempt.
 -- The claim commits synchronously (unlike complete): see
--- autom/jobs/store.py.
-with idle as (
-    -- recipients at the front of the line with nothing due: retire them until their
-    -- next job is due, so the fair walk does not trip over drained recipients
-    select r.recipient, f.next_run
-    from (
-        select r0.recipient, r0.ver,
-               -- when the head of its line is due (a head waiting for its retry holds the line)
-               (select j.due_at from jobs j
-                 where j.recipient = r0.recipient and j.due_at is not null
-                 order by coalesce(j.queued_at, j.run_at), j.id
-                 limit 1) as next_run
-        from recipients r0
-        where r0.next_due_at <= now() and (r0.busy_until is null or r0.busy_until < now())
-        order by r0.last_served nulls first
-        limit %(n)s + 10
-    ) f
-    join recipients r on r.recipient = f.recipient
-    where r.ver = f.ver and (f.next_run is null or f.next_run > now())
-    for update of r skip locked
-),
-retire as (
-    update recipients r set next_due_at = i.next_run from idle i where r.recipient = i.recipient
-),
-rc as (
+-- autom/jobs/store.py. A recipient whose line has nothing due is retired by the
+-- statement that ended its last claim (complete_many, settle_many: line_due), so
+-- the fair walk below does not trip over it; retire_idle sweeps up the few rows
+-- those could not retire (bench/RESULTS.md, Speed round two: walking the front of
+-- the order here in every claim cost as many head probes again as the claim's own
+-- walk, and planning it).
+with rc as (
     select r.recipient, h.id, r.last_served
     from recipients r
     cross join lateral (
@@ -79,7 +61,14 @@ rc as (
         order by coalesce(j.queued_at, j.run_at), j.id
         limit 1
     ) h
-    where r.next_due_at <= now() and (r.busy_until is null or r.busy_until < now())
+    where r.next_due_at <= now()
+      -- free: not busy, or its lease ran out, or the claim that made it busy has
+      -- ended (busy_job, migrations/0011: completing a job writes nothing here). A
+      -- scalar subquery, one primary key probe per row walked: as EXISTS, PostgreSQL
+      -- may hash a scan of every job instead
+      and (r.busy_until is null or r.busy_until < now()
+           or (select b.status <> 'running' and b.locked_until = r.busy_until
+                 from jobs b where b.id = r.busy_job))
       and h.due_at <= now()
       -- a paused kind at a recipient's head holds the recipient back (its order stays)
       and h.kind <> all (select p.kind from paused_kinds p)
@@ -124,52 +113,93 @@ claimed as (
               j.recipient, j.key, j.event_id, j.run_at
 ),
 mark as (
-    update recipients r set busy_until = c.locked_until, last_served = nextval('recipients_serve_seq')
+    update recipients r
+       set busy_until = c.locked_until, busy_job = c.id, last_served = nextval('recipients_serve_seq')
       from claimed c where r.recipient = c.recipient
 )
 select * from claimed order by run_at, id;
 
+-- name: retire_idle
+-- Retire the recipients at the front of the fair order whose line has nothing due
+-- (the head waits for its retry or its run_at, or the line is empty) until their
+-- head is due, so the claim's walk does not trip over them. complete_many and
+-- settle_many retire a recipient as its claim ends; this sweeps up what they
+-- could not (an enqueue or a settle changed the row in between, a cancelled job).
+-- The fetcher runs it when it goes idle, at most once per poll (autom/worker/pool.py).
+-- ver: an enqueue that commits meanwhile bumps it, and the row is left alone.
+-- Returns how many rows it retired.
+with idle as (
+    select r.recipient, f.next_run
+    from (
+        select r0.recipient, r0.ver,
+               -- when the head of its line is due (a head waiting for its retry holds the line)
+               (select j.due_at from jobs j
+                 where j.recipient = r0.recipient and j.due_at is not null
+                 order by coalesce(j.queued_at, j.run_at), j.id
+                 limit 1) as next_run
+        from recipients r0
+        where r0.next_due_at <= now()
+          -- free, as the claim's walk counts it
+          and (r0.busy_until is null or r0.busy_until < now()
+               or (select b.status <> 'running' and b.locked_until = r0.busy_until
+                     from jobs b where b.id = r0.busy_job))
+        order by r0.last_served nulls first
+        limit %(n)s
+    ) f
+    join recipients r on r.recipient = f.recipient
+    where r.ver = f.ver and (f.next_run is null or f.next_run > now())
+    for update of r skip locked
+)
+update recipients r set next_due_at = i.next_run from idle i where r.recipient = i.recipient;
+
 -- name: complete_many
 -- Mark claims done; only a claim that still holds its lease generation counts.
 -- "more": the job's recipient has another job due now (its turn came with this
--- completion, so the worker should claim again). Asynchronous commit: see
--- autom/jobs/store.py (set_config(..., true) lasts until this statement's commit).
+-- completion, so the worker should claim again). The recipient's row is not written:
+-- the claim's walk sees that its busy_job ended (migrations/0011); it is written only
+-- to retire a recipient whose line has nothing due next (line_due below).
+-- durable false (the completer): asynchronous commit, see autom/jobs/store.py
+-- (set_config(..., true) lasts until this statement's commit). durable true (one
+-- claim inside a handler's transaction, JobStore.complete_in): the server's setting,
+-- since the caller's transaction holds the handler's writes too.
 with d as (
+    -- "id = any": found by primary key; the (id, lease) pairs alone walked every
+    -- running job's entry in jobs_kind_status for each one completed
     update jobs set status = 'done', finished_at = now(), updated_at = now()
-     where (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
+     where id = any (%(ids)s::bigint[])
+       and (id, lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
        and status = 'running'
-    returning id, recipient, locked_until
+    returning id, recipient
 ),
-free as (
-    update recipients r set busy_until = null
-      from d where r.recipient = d.recipient and r.busy_until = d.locked_until
+line as (
+    -- each completed job with the new head of its recipient's line as this statement
+    -- sees it (the completed job still shows as running: it is left out by id)
+    select d.id, d.recipient, h.due_at, h.status
+    from d
+    left join lateral (
+        select j.due_at, j.status from jobs j
+         where j.recipient = d.recipient and j.due_at is not null and j.id <> d.id
+         order by coalesce(j.queued_at, j.run_at), j.id
+         limit 1
+    ) h on true
 ),
-sync as (select set_config('synchronous_commit', 'off', true))
-select d.id,
-       -- the new head of the recipient's line is due (the statement still sees the
-       -- completed job as running: it is left out by id)
-       d.recipient is not null and (
-           select j.due_at from jobs j
-            where j.recipient = d.recipient and j.due_at is not null and j.id <> d.id
-            order by coalesce(j.queued_at, j.run_at), j.id
-            limit 1
-       ) <= now() as more
-from d, sync;
-
--- name: complete_in_tx
--- Mark one claim done inside the caller's transaction (a handler's own writes commit
--- with it, or neither does); fenced like complete_many. The server's commit setting
--- applies: the caller's transaction holds the handler's writes too.
-with d as (
-    update jobs set status = 'done', finished_at = now(), updated_at = now()
-     where id = %(id)s and lease = %(lease)s and status = 'running'
-    returning id, recipient, locked_until
+retire as (
+    -- line_due: a recipient whose next job is not due yet (or who has none) is retired
+    -- until then, so the claim's walk, which takes recipients due now, skips it. Not
+    -- when its row changed since this statement's snapshot (ver: an enqueue's job this
+    -- statement cannot see), nor behind another running job (its lease end is no
+    -- run time)
+    update recipients r set next_due_at = l.due_at
+      from line l join recipients seen on seen.recipient = l.recipient
+     where r.recipient = l.recipient and r.ver = seen.ver
+       and (l.due_at is null or (l.status = 'pending' and l.due_at > now()))
 ),
-free as (
-    update recipients r set busy_until = null
-      from d where r.recipient = d.recipient and r.busy_until = d.locked_until
+sync as (
+    select set_config('synchronous_commit',
+                      case when %(durable)s then current_setting('synchronous_commit') else 'off' end, true)
 )
-select id from d;
+select l.id, coalesce(l.due_at <= now(), false) as more
+from line l, sync;
 
 -- name: settle_many
 -- Every outcome of a run but "done", for many claims in one statement (the worker's
@@ -200,15 +230,39 @@ f as (
            updated_at = now()
       from t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'
-    returning j.id, j.recipient, j.run_at, j.locked_until, j.status
+    returning j.id, j.recipient, j.run_at, j.locked_until, j.status,
+              coalesce(j.queued_at, j.run_at) as place
+),
+line as (
+    -- when the recipient's line is due next (line_due, complete_many): the settled
+    -- job keeps its place (queued_at), so while pending it is the head unless a job
+    -- of an earlier place is in line; the statement still sees it as running, so the
+    -- rest of the line is read without it
+    select f.recipient, f.locked_until, f.status, f.run_at, r.ver,
+           case when f.status = 'pending' and (h.id is null or (f.place, f.id) < (h.place, h.id))
+                then f.run_at else h.due_at end as due_at,
+           case when f.status = 'pending' and (h.id is null or (f.place, f.id) < (h.place, h.id))
+                then 'pending' else h.status end as head_status
+    from f
+    join recipients r on r.recipient = f.recipient
+    left join lateral (
+        select j.id, j.due_at, j.status, coalesce(j.queued_at, j.run_at) as place from jobs j
+         where j.recipient = f.recipient and j.due_at is not null and j.id <> f.id
+         order by coalesce(j.queued_at, j.run_at), j.id
+         limit 1
+    ) h on true
 ),
 free as (
     update recipients r
-       set busy_until = case when r.busy_until = f.locked_until then null else r.busy_until end,
-           next_due_at = case when f.status = 'pending' then least(r.next_due_at, f.run_at)
-                              else r.next_due_at end,
+       set busy_until = case when r.busy_until = l.locked_until then null else r.busy_until end,
+           next_due_at = case when r.ver <> l.ver or l.head_status = 'running'
+                              -- as before line_due: at the latest when this job is due
+                              then case when l.status = 'pending' then least(r.next_due_at, l.run_at)
+                                        else r.next_due_at end
+                              when l.due_at <= now() and r.next_due_at <= now() then r.next_due_at
+                              else l.due_at end,
            ver = r.ver + 1
-      from f where r.recipient = f.recipient
+      from line l where r.recipient = l.recipient
 ),
 wake as (select pg_notify('autom_jobs', '') from f where f.status = 'pending' and f.run_at <= now() limit 1)
 select f.id, f.status, f.run_at from f, (select count(*) from wake) w;

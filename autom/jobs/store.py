@@ -178,6 +178,11 @@ class JobStore:
         rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
         return [_job(row) for row in rows]
 
+    async def retire_idle(self, n: int = 100) -> int:
+        """Retire up to ``n`` recipients at the front of the fair order whose line has nothing
+        due now (see ``retire_idle`` in queries.sql); returns how many."""
+        return await self.db.execute(Q.retire_idle, {"n": n}, prepare=True)
+
     async def complete_many(self, jobs: Iterable[Job]) -> set[int]:
         """Mark several claims done in one statement; returns the ids that were still held."""
         held, _more = await self.complete_batch(jobs)
@@ -189,7 +194,7 @@ class JobStore:
         jobs = list(jobs)
         if not jobs:
             return set(), False
-        rows = await self.db.fetch_all(Q.complete_many, _claims(jobs), prepare=True)
+        rows = await self.db.fetch_all(Q.complete_many, {**_claims(jobs), "durable": False}, prepare=True)
         return {row["id"] for row in rows}, any(row["more"] for row in rows)
 
     def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
@@ -227,8 +232,8 @@ class JobStore:
     async def complete_in(self, tx: Tx, job: Job) -> bool:
         """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at
         all); False when the claim is no longer held (the caller should roll back)."""
-        row = await tx.fetch_one(Q.complete_in_tx, {"id": job.id, "lease": job.lease})
-        return row is not None
+        rows = await tx.fetch_all(Q.complete_many, {**_claims([job]), "durable": True})
+        return bool(rows)
 
     async def fail(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> FailOutcome:
         """Record a failed attempt now: retry later with backoff, or fail for good (see ``decide``).

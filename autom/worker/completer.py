@@ -60,6 +60,10 @@ class QueueStore(Protocol):
         """Claim up to ``n`` due jobs."""
         ...
 
+    async def retire_idle(self, n: int = 100) -> int:
+        """Sweep: retire recipients whose line has nothing due (the fetcher, going idle)."""
+        ...
+
     async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
         """Mark claims done; (ids still held, whether a freed recipient has its next job due)."""
         ...

@@ -200,6 +200,7 @@ class WorkerPool:
         backoff = 0.5
         shutdown = self.deps.shutdown
         doorbell = self.deps.doorbell
+        sweep_at = -math.inf  # when the fetcher may next sweep (store.retire_idle)
         while not shutdown.value:
             if not self._may_claim():
                 seen = self._slots.count
@@ -228,12 +229,23 @@ class WorkerPool:
             for job in jobs:
                 self._hold(Run(job, deadline, self.store))
             if len(jobs) < want:
+                if trio.current_time() >= sweep_at:
+                    # the recipients with nothing due that their last completion could not
+                    # retire (rare): off the claim's path, at most once per poll
+                    sweep_at = trio.current_time() + self.poll_seconds
+                    await self._sweep()
                 # nothing more is due now: sleep until rung, polled, or a local retry is due
                 timeout = min(self.poll_seconds, max(0.0, self._next_local_due - trio.current_time()))
                 if self._next_local_due <= trio.current_time() + timeout:
                     self._next_local_due = math.inf
                 with trio.move_on_after(timeout):
                     await doorbell.wait_after(seen)
+
+    async def _sweep(self) -> None:
+        try:
+            await self.store.retire_idle(self.batch)
+        except Exception as exc:  # the next sweep tries again; claims do not depend on it
+            log.warning("retiring idle recipients failed: %s", describe(exc))
 
     def _hold(self, run: Run) -> None:
         """Take a new claim into the pool; an older claim of the same id is dropped."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import trio
 
 from autom.errors import PermanentError, Retry
@@ -202,7 +204,8 @@ async def test_one_recipient_runs_one_job_at_a_time_in_run_at_order(db):
 
 
 async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
-    """16 claimers, batches, 20 recipients; a unique index turns any violation into an error."""
+    """16 claimers, batches, 20 recipients, back-dated jobs arriving meanwhile; a unique
+    index turns any violation into an error."""
     await db.execute(
         "create unique index one_running_per_recipient on jobs (recipient) where status = 'running'"
     )
@@ -224,10 +227,19 @@ async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
             await trio.sleep(0.001)
             done.extend(await store.complete_many(batch))
 
+    async def backdater():
+        # jobs queued before the running head's place (a back-dated run_at): the head of
+        # the line changes under a running job, so only the recipient's row (busy_job,
+        # migrations/0011) keeps a second job of the recipient from starting
+        for i in range(60):
+            await store.enqueue(NewJob("m", recipient=f"r{i % 20}", run_at=datetime.now(UTC) - timedelta(hours=1)))
+            await trio.sleep(0.002)
+
     async with trio.open_nursery() as nursery:
         for _ in range(16):
             nursery.start_soon(claimer)
-    assert len(done) == 500 and len(set(done)) == 500
+        nursery.start_soon(backdater)
+    assert len(done) == 560 and len(set(done)) == 560
     assert await db.fetch_val("select count(*) from jobs where status <> 'done'") == 0
 
 
@@ -319,3 +331,102 @@ async def test_cancelling_a_head_waiting_for_its_retry_lets_its_recipients_line_
     assert await store.claim(10) == []  # ... also once the claim has retired the recipient
     await Operations(db).cancel_job(first)
     assert [j.id for j in await store.claim(10)] == [second]
+
+
+async def recipient_row(db, recipient):
+    return await db.fetch_one(
+        "select next_due_at, next_due_at <= now() as due, busy_until, busy_job from recipients where recipient = %s",
+        [recipient])
+
+
+async def test_a_completion_retires_its_recipient_until_its_next_job_is_due(db):
+    """The claim walks only recipients due now; the completion that leaves a recipient
+    nothing due (its next job later, or none) says when it is due next, instead of every
+    claim walking over it."""
+    store = make_store(db)
+    later = datetime.now(UTC) + timedelta(seconds=0.5)
+    first, second = await store.enqueue_many([NewJob("m", recipient="chat"), NewJob("m", recipient="chat",
+                                                                                      run_at=later)])
+    [job] = await store.claim(10)
+    assert job.id == first
+    assert await store.complete_batch([job]) == ({first}, False)  # nothing more due now
+    row = await recipient_row(db, "chat")
+    assert row["next_due_at"] == later and row["busy_job"] == first
+    assert await store.claim(10) == []
+    again = await wait_for_claim(store)
+    assert again.id == second
+    await complete(store, again)
+    assert (await recipient_row(db, "chat"))["next_due_at"] is None  # nothing left: retired for good
+    third = await store.enqueue(NewJob("m", recipient="chat"))
+    assert [j.id for j in await store.claim(10)] == [third]
+
+
+async def test_a_completed_job_frees_its_recipient_without_a_write_to_its_row(db):
+    """The recipient's row names the claim that made it busy (busy_job); once that job is
+    done the next one can be claimed, though the row still says busy until the lease end."""
+    store = make_store(db)
+    first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
+    [job] = await store.claim(10)
+    before = await recipient_row(db, "chat")
+    assert await store.complete_batch([job]) == ({first}, True)  # the next job is due now
+    assert await recipient_row(db, "chat") == before
+    assert [j.id for j in await store.claim(10)] == [second]
+
+
+async def test_an_enqueue_during_a_completion_keeps_its_recipient_due(db):
+    """The completion sees an empty line and would retire the recipient, but a job enqueued
+    meanwhile (committed after the completion's snapshot) must still run: ver tells."""
+    store = make_store(db)
+    first = await store.enqueue(NewJob("m", recipient="chat"))
+    [job] = await store.claim(10)
+    outcome = {}
+
+    async def completing():
+        outcome["held"] = await store.complete_many([job])
+
+    async with trio.open_nursery() as nursery, db.transaction() as tx:
+        new = await store.enqueue(NewJob("m", recipient="chat"), tx)  # holds the row's lock
+        nursery.start_soon(completing)
+        # the completion's retire waits for the enqueue's row lock
+        with trio.fail_after(5):
+            while not await db.fetch_val(
+                    "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+                    " and datname = current_database()"):
+                await trio.sleep(0.02)
+    # committed: the completion went on, saw a newer ver and left the row due
+    assert outcome["held"] == {first}
+    assert (await recipient_row(db, "chat"))["due"] is True
+    assert [j.id for j in await store.claim(10)] == [new]
+
+
+async def test_the_sweep_retires_what_a_completion_could_not(db):
+    """A cancelled head leaves its recipient due though its next job is not (ops_cancel_job
+    cannot tell); retire_idle, the fetcher's sweep when it goes idle, retires it."""
+    from autom.ops import Operations
+
+    store = make_store(db, base=60, cap=60)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    first, _ = await store.enqueue_many([NewJob("m", recipient="chat"),
+                                         NewJob("m", recipient="chat", run_at=later)])
+    [head] = await store.claim(10)
+    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
+    await Operations(db).cancel_job(first)
+    assert (await recipient_row(db, "chat"))["due"] is True  # stale: nothing is due
+    assert await store.claim(10) == []
+    assert await store.retire_idle() == 1
+    assert (await recipient_row(db, "chat"))["next_due_at"] == later
+    assert await store.retire_idle() == 0
+
+
+async def test_a_completion_in_a_handlers_transaction_keeps_its_commit_durable(db):
+    """complete_many commits asynchronously for the completer; inside a caller's transaction
+    (JobStore.complete_in) it must not: that commit holds the handler's own writes."""
+    store = make_store(db)
+    await store.enqueue(NewJob("m", recipient="chat"))
+    [job] = await store.claim(10)
+    async with db.transaction() as tx:
+        setting = await tx.fetch_val("show synchronous_commit")
+        assert await store.complete_in(tx, job)
+        assert await tx.fetch_val("show synchronous_commit") == setting
+        assert not await store.complete_in(tx, job)  # no longer held
+    assert (await store.get(job.id))["status"] == "done"

@@ -40,6 +40,7 @@ class MemoryStore:
         self.renew_drops: set[int] = set()  # ids a renewal no longer finds
         self.renewals = 0
         self.next_claims: list[list[Job]] = []  # scripted claim answers, used first
+        self.sweeps = 0
 
     def add(self, n: int, kind: str = "k", **fields: Any) -> list[Job]:
         start = len(self.pending) + len(self.done) + len(self.settled) + 1
@@ -55,6 +56,10 @@ class MemoryStore:
             return self.next_claims.pop(0)
         taken, self.pending = self.pending[:n], self.pending[n:]
         return [replace(j, attempts=j.attempts + 1, lease=j.lease + 1) for j in taken]
+
+    async def retire_idle(self, n: int = 100) -> int:
+        self.sweeps += 1
+        return 0
 
     async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
         await trio.sleep(0.001)
@@ -278,3 +283,4 @@ async def test_an_outcome_the_database_refuses_does_not_hold_up_the_others(autoj
         pool.deps.shutdown.value = True
     assert sorted(s.job.kind for s in store.settled) == ["flaky"] * 3
     assert pool.completer.pending == 0
+

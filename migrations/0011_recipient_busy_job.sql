@@ -1,0 +1,19 @@
+-- 0011 (issue 16): which claim made a recipient busy, so that completing it writes
+-- nothing to the recipient's row.
+--
+-- A recipient is busy from its claim (the claim's mark sets busy_until to the job's
+-- lease end) until that claim ends. Before, complete_many freed the row
+-- (busy_until = NULL): one more row update per job, and the recipients lane's
+-- PostgreSQL CPU per job was twice the recipient-less lane's (bench/RESULTS.md,
+-- Speed round two). Now the claim also records busy_job, and the claim's walk counts
+-- a recipient free when busy_until has passed or busy_job's claim has ended: that job
+-- is no longer running with the lease end the claim set (done, failed, back to
+-- pending). The check reads busy_job's row in the claim's snapshot, after the
+-- recipient's row was locked and re-checked: a claim that committed after the
+-- snapshot shows its job as not yet claimed there (another lease end), so it counts
+-- as busy, never as free. settle_many still frees the row itself (busy_until = NULL)
+-- as it writes next_due_at anyway.
+--
+-- NULL for rows made busy by a claim before this migration: they stay busy until
+-- their lease end or their settle (old workers still free them on completion).
+alter table recipients add column busy_job bigint;
