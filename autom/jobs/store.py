@@ -151,6 +151,11 @@ class JobStore:
         self.lease_seconds = float(lease_seconds)
         self.retry = retry or RetryPolicy()
         self._rand = rand
+        # the claims of one and of two jobs: the batch claim with n and the lease written
+        # in. Without parameters, PostgreSQL plans a prepared statement once, for that
+        # limit (with them, the first five runs on each connection are planned anew)
+        self._claim_few = {n: Q.claim.replace("%(n)s", str(n)).replace("%(lease_seconds)s", repr(self.lease_seconds))
+                           for n in (1, 2)}
 
     async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
         """Create ``job``; returns its id, or None when a job with its key exists.
@@ -171,11 +176,20 @@ class JobStore:
         return [row["id"] for row in rows]
 
     async def claim(self, n: int = 1) -> list[Job]:
-        """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time)."""
-        # Not prepare=True: prepared on one connection, PostgreSQL soon ran its cached
-        # plan, and claims from a backlog over 1,000 recipients took 11-13 ms against
-        # 6 ms planned each time (bench/RESULTS.md, Worker). psycopg's default applies.
-        rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
+        """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time).
+
+        One or two jobs (the worker's claim when it had nothing in hand and was woken)
+        is the same statement with its limit and the lease written in, prepared: it is
+        planned once per connection, for that limit. A batch is not prepared: prepared on one
+        connection, PostgreSQL soon ran its cached plan, and claims from a backlog over
+        1,000 recipients took 11-13 ms against 6 ms planned each time (bench/RESULTS.md,
+        Worker); psycopg's default applies.
+        """
+        few = self._claim_few.get(n)
+        if few is not None:
+            rows = await self.db.fetch_all(few, prepare=True)
+        else:
+            rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
         return [_job(row) for row in rows]
 
     async def retire_idle(self, n: int = 100) -> int:

@@ -200,6 +200,7 @@ class WorkerPool:
         backoff = 0.5
         shutdown = self.deps.shutdown
         doorbell = self.deps.doorbell
+        idle = False  # the last claim came back short: nothing more was due then
         sweep_at = -math.inf  # when the fetcher may next sweep (store.retire_idle)
         while not shutdown.value:
             if not self._may_claim():
@@ -210,7 +211,10 @@ class WorkerPool:
                 finally:
                     self._wants_room = False
                 continue
-            want = min(self._room(), self.batch)
+            # Woken with nothing in hand (a NOTIFY, the poll, a retry due): most often one
+            # job is due, and a claim of two is prepared (JobStore.claim): one job comes
+            # back, and the fetcher sleeps again; two, and the next round claims a batch
+            want = min(self._room(), 2 if idle and not self.queued else self.batch)
             seen = doorbell.count
             started = trio.current_time()
             try:
@@ -228,7 +232,8 @@ class WorkerPool:
             deadline = started + self.lease_seconds - self._margin
             for job in jobs:
                 self._hold(Run(job, deadline, self.store))
-            if len(jobs) < want:
+            idle = len(jobs) < want
+            if idle:
                 if trio.current_time() >= sweep_at:
                     # the recipients with nothing due that their last completion could not
                     # retire (rare): off the claim's path, at most once per poll

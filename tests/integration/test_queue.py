@@ -418,6 +418,28 @@ async def test_the_sweep_retires_what_a_completion_could_not(db):
     assert await store.retire_idle() == 0
 
 
+async def test_claims_of_one_and_two_keep_the_lines_and_skip_paused_kinds(db):
+    """The prepared small claims (the worker's claim when woken with nothing in hand) are
+    the batch claim with its limit written in: same lanes, same lines, same pauses."""
+    store = make_store(db)
+    await db.execute("insert into paused_kinds (kind) values ('slow')")
+    await store.enqueue(NewJob("slow"))
+    chat_head = await store.enqueue(NewJob("slow", recipient="c1"))
+    chat_next = await store.enqueue(NewJob("other", recipient="c1"))
+    free = await store.enqueue_many([NewJob("other") for _ in range(2)])
+    lone = await store.enqueue(NewJob("other", recipient="c2"))
+    lone_next = await store.enqueue(NewJob("other", recipient="c2"))
+    first = await store.claim(2)
+    second = await store.claim(1)
+    third = await store.claim(2)
+    taken = [j.id for j in first + second + third]
+    assert len(first) == 2 and len(second) == 1
+    assert sorted(taken) == sorted([*free, lone])  # c1 held by its paused head, c2 busy
+    assert chat_head not in taken and chat_next not in taken and lone_next not in taken
+    await complete(store, next(j for j in first + second + third if j.id == lone))
+    assert [j.id for j in await store.claim(1)] == [lone_next]
+
+
 async def test_a_completion_in_a_handlers_transaction_keeps_its_commit_durable(db):
     """complete_many commits asynchronously for the completer; inside a caller's transaction
     (JobStore.complete_in) it must not: that commit holds the handler's own writes."""

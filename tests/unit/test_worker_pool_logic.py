@@ -284,3 +284,36 @@ async def test_an_outcome_the_database_refuses_does_not_hold_up_the_others(autoj
     assert sorted(s.job.kind for s in store.settled) == ["flaky"] * 3
     assert pool.completer.pending == 0
 
+
+async def test_woken_with_nothing_in_hand_the_fetcher_claims_two_and_sweeps_at_most_once_a_poll(
+    autojump_clock: Any,
+) -> None:
+    """The claim of one or two jobs is prepared (JobStore.claim), the batch claim is not: a
+    fetcher woken with nothing queued asks for two, and for a batch again only when both
+    came back. Going idle, it sweeps (store.retire_idle), at most once per poll."""
+    store = MemoryStore()
+    done: list[int] = []
+
+    async def work(ctx: Any, job: Job) -> None:
+        done.append(job.id)
+
+    pool = make_pool(store, {"k": work}, workers=4, batch=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.claims) == 1)
+        assert store.claims == [8]  # the first claim: a batch (4 workers + 4 waiting)
+        assert store.sweeps == 1
+        store.add(1)
+        pool.deps.doorbell.set()
+        await until(lambda: len(done) == 1)
+        assert store.claims[1:] == [2]  # one came back: asleep again, no second claim
+        store.add(5)
+        pool.deps.doorbell.set()
+        await until(lambda: len(done) == 6)
+        # two came back, so more may be due: a batch (the room left) at once
+        assert store.claims[2] == 2 and store.claims[3] > 2
+        await trio.sleep(0.1)
+        assert store.sweeps == 1  # within the first poll
+        await trio.sleep(5.0)  # polled ten times since, nothing due
+        assert 2 <= store.sweeps <= 12
+        pool.deps.shutdown.value = True
