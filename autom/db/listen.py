@@ -60,6 +60,11 @@ async def serve_notifications(
             delay = min(max(delay * 2, LISTEN_BACKOFF_MIN), LISTEN_BACKOFF_MAX)
             log.warning("LISTEN connection failed (%s); retrying in %.1f s", exc, delay)
             continue
+        except BaseException:
+            # cancelled while connecting or sending LISTEN: do not leave the socket to the GC
+            if conn is not None:
+                conn.close_now()
+            raise
         connected_at = trio.current_time()
         try:
             if listening:

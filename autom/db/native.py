@@ -89,24 +89,37 @@ def _ready_now(fileno: int, state: int) -> int:
 
 
 async def _wait_either(fileno: int) -> int:
-    """Wait until ``fileno`` is readable or writable (``Wait.RW``: libpq's send buffer was full)."""
+    """Wait until ``fileno`` is readable or writable (``Wait.RW``: libpq's send buffer was full).
+
+    A cancel from outside comes out as a plain ``trio.Cancelled``, as from every other
+    wait here: the nursery would raise the two waits' ``Cancelled`` as an exception
+    group, which ``TrioConnection.wait`` (and callers such as the worker's hand-back
+    at shutdown) would not recognise as a cancel.
+    """
     ready = 0
-    async with trio.open_nursery() as nursery:
+    try:
+        async with trio.open_nursery() as nursery:
 
-        async def readable() -> None:
-            nonlocal ready
-            await _wait_readable(fileno)
-            ready |= _READY_R
-            nursery.cancel_scope.cancel()
+            async def readable() -> None:
+                nonlocal ready
+                await _wait_readable(fileno)
+                ready |= _READY_R
+                nursery.cancel_scope.cancel()
 
-        async def writable() -> None:
-            nonlocal ready
-            await _wait_writable(fileno)
-            ready |= _READY_W
-            nursery.cancel_scope.cancel()
+            async def writable() -> None:
+                nonlocal ready
+                await _wait_writable(fileno)
+                ready |= _READY_W
+                nursery.cancel_scope.cancel()
 
-        nursery.start_soon(readable)
-        nursery.start_soon(writable)
+            nursery.start_soon(readable)
+            nursery.start_soon(writable)
+    except BaseExceptionGroup as group:
+        _, rest = group.split(trio.Cancelled)
+        if rest is None:
+            # only Cancelled: the enclosing scope is cancelled, so this raises it plainly
+            await trio.lowlevel.checkpoint()
+        raise
     return ready
 
 
@@ -206,7 +219,11 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
             raise failures[-1].with_traceback(None)
         conn.row_factory = row_factory
         if autocommit:
-            await conn.set_autocommit(True)  # no round trip: the connection is idle
+            try:
+                await conn.set_autocommit(True)  # no round trip: the connection is idle
+            except BaseException:
+                conn.close_now()  # cancelled here: the caller never gets it to close
+                raise
         return conn
 
     async def wait(
@@ -225,7 +242,12 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                 return await self.wait(gen)
             raise e._WaitTimeout("wait timeout expired")
         fileno = self.pgconn.socket
-        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
+        if self.pgconn.transaction_status != _ACTIVE:
+            # a cancelled caller sends nothing. Not while a statement is on its way or
+            # running (a pipeline's exit after a big send, say): a cancel raised here would
+            # leave it running with no cancel sent; it is taken at the first socket wait
+            # below instead, which stops the statement on the server first
+            await trio.lowlevel.checkpoint_if_cancelled()
         state: int = _WAIT_R
         try:
             state = next(gen)

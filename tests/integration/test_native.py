@@ -9,6 +9,8 @@ every slot busy, LISTEN-free notifies with ``aclosing``, host names.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from contextlib import aclosing
 from functools import partial
 from typing import Any
@@ -18,7 +20,7 @@ import pytest
 import trio
 from psycopg import errors
 
-from autom.db import open_database
+from autom.db import native, open_database
 from autom.db.native import TrioConnection, TrioPool
 from autom.errors import DatabaseUnavailable, QueryError
 from tests.integration.test_bridge import admin_fetch, unique_name
@@ -76,6 +78,61 @@ async def test_cancel_during_the_first_prepared_run_leaves_a_clean_connection(em
         assert await db.fetch_val(query, [2, 0], prepare=True) == 2
         assert await db.fetch_val(query, [3, 0], prepare=True) == 3
         assert await db.fetch_val("select pg_backend_pid()") == pid
+
+
+async def test_waiting_for_read_or_write_is_cancelled_plainly() -> None:
+    # Wait.RW (libpq's send buffer full): two waits in a nursery; an outer cancel must
+    # come out as trio.Cancelled (which the scope catches), not as an exception group
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                a.send(b"x" * 65536)
+        raised: list[str] = []
+        with trio.move_on_after(0.05) as scope:
+            try:
+                await native._wait_either(a.fileno())
+            except trio.Cancelled:
+                raised.append("Cancelled")
+                raise
+            except BaseException as exc:  # a cancel scope would swallow a group of Cancelled too
+                raised.append(type(exc).__name__)
+                raise
+        assert scope.cancelled_caught
+        assert raised == ["Cancelled"]
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("prepare", [True, False], ids=["first-prepared-run", "later-runs"])
+async def test_a_cancel_while_a_big_statement_is_sent_is_a_plain_cancel(empty_dsn: str, prepare: bool) -> None:
+    # A parameter of many MB fills libpq's send buffer, so the driver waits for the
+    # socket to be readable or writable (Wait.RW, two waits in a nursery). A cancel
+    # there, or at the pipeline's exit after it (the first prepared run), must reach
+    # the caller as the trio.Cancelled its scope catches: not an exception group, not
+    # "cannot exit pipeline mode while busy". Whether a given delay lands before, in or
+    # after the send varies: every outcome but another exception is right.
+    name = unique_name("bigsend")
+    big = "x" * (16 * 1024 * 1024)
+    async with open_database(empty_dsn, min_size=1, max_size=2, name=name) as db:
+        if not prepare:
+            # later runs: the first (pipelined, prepared) run of nothing of this is behind us
+            assert await db.fetch_val("select length(%s)", ["abc"]) == 3
+        outcomes: set[str] = set()
+        for i in range(40):
+            delay = 0.001 * (i + 1)
+            with trio.move_on_after(delay) as scope:
+                # a new text each time: with prepare=True every run is a first run
+                n = await db.fetch_val(f"select length(%s) /* {i} */", [big], prepare=prepare)
+                assert n == len(big)
+            outcomes.add("cancelled" if scope.cancelled_caught else "done")
+        assert outcomes <= {"cancelled", "done"}
+        # nothing left running on the server, and the database answers as before
+        assert [row for row in await backends(empty_dsn, name) if row[1] == "active"] == []
+        assert await db.fetch_val("select 1") == 1
+        assert db.stats["busy"] == 0
 
 
 async def test_a_cancel_before_the_call_sends_nothing(empty_dsn: str) -> None:
