@@ -12,9 +12,10 @@ Two places apply it:
   (TRUSTED_PROXIES). A client over CLIENT_RATE (a token bucket, burst twice the
   rate) gets 429; a client with more than ``FAIL_LIMIT`` failed deliveries (401,
   404) within ``FAIL_WINDOW`` seconds gets 429 for ``FAIL_BLOCK`` seconds. A source
-  whose whole proof is a header (Telegram's secret, ``verify_headers``) is checked
-  here: a delivery it proves is not limited by address (all of Telegram comes from
-  a few shared addresses; Telegram is throttled by the webhook's max_connections).
+  with a header proof (Telegram's secret, ``verify_headers``) has it checked here:
+  a delivery it passes is not limited by address (all of Telegram comes from a few
+  shared addresses; Telegram is throttled by the webhook's max_connections), and is
+  still verified in full (``verify``) once its body is read.
   Then the body is read by the door within ``BODY_DEADLINE_SECONDS`` in total (a
   slow client gets 408 and the connection is closed; hypercorn's own read timeout
   is per read, not per body) and at most MAX_BODY_BYTES (413).

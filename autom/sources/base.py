@@ -69,9 +69,11 @@ class Source(Protocol):
 
     Two optional attributes steer admission (autom/admission.py): ``sender_retries =
     True`` says the sender retries refused deliveries (then a full backlog answers it
-    503 instead of storing); a method ``verify_headers(headers)`` says the whole proof
-    is in the headers (Telegram's secret): the door checks it before the body is read,
-    and deliveries it proves are not rate limited by address.
+    503 instead of storing); a method ``verify_headers(headers)`` checks what the
+    headers alone can prove (Telegram's secret): the door runs it before the body is
+    read, refuses a delivery it fails (401) and does not rate limit by address one it
+    passes. ``verify`` still runs on every delivery once the body is read, so a source
+    may pre-check a header in ``verify_headers`` and sign the body in ``verify``.
     Register one with ``App.source``.
     """
 

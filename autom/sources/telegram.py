@@ -54,7 +54,7 @@ class TelegramSource:
     sender_retries = False
 
     def verify_headers(self, headers: Headers) -> None:
-        """The whole proof is a header: checked at the door, before the body is read."""
+        """The whole proof is a header: checked at the door, before the body is read (``verify`` again after)."""
         self.verify(headers, b"", 0.0)
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:

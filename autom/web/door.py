@@ -5,8 +5,10 @@ runs after hypercorn has parsed the request head and before anything reads the
 body. Only ``POST /hooks/{source}`` is looked at, in the README's order (Sources):
 
 1. an unknown source passes on to Quart's 404 (counted as a failed delivery);
-2. a source whose whole proof is a header (``verify_headers``: Telegram's secret)
-   is checked now; a delivery it proves skips the per-address checks;
+2. a source with a header proof (``verify_headers``: Telegram's secret) has it
+   checked now; a delivery it passes skips the per-address checks (its ``verify``
+   still runs in the intake once the body is read: the header proof is an early
+   refusal, never the whole proof);
 3. otherwise: 429 for a client blocked for failing (more than 20 failures in
    10 s), then 429 for a client over CLIENT_RATE (its token bucket);
 4. 413 for a declared Content-Length over MAX_BODY_BYTES; 401 for a failed header proof;
@@ -122,7 +124,7 @@ class Door:
             await self.app(scope, _Replay(body, receive), _watch_failures(send, adm, client))
             return
         try:
-            found = await self.intake.deliver(source, headers, body, proven=proof is not None)
+            found = await self.intake.deliver(source, headers, body)
         except Exception:
             # what Quart's handler did for a route that raised: the traceback to the log, a bare 500
             intake_log.exception("the intake failed on a delivery to %s", source.name, extra={"source": source.name})

@@ -115,20 +115,21 @@ class Intake:
             log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
         return error_response(404, "unknown source")
 
-    async def deliver(self, src: Source, headers: Headers, body: bytes, *, proven: bool = False) -> Answer:
+    async def deliver(self, src: Source, headers: Headers, body: bytes) -> Answer:
         """Handle one delivery to ``src`` (module docstring: checks, order, answers).
 
-        ``headers`` as ``request_headers`` gives them; ``proven``: the door has checked
-        the source's header proof (``verify_headers``, which is the whole of ``verify``)
-        already, so it is not computed twice.
+        ``headers`` as ``request_headers`` gives them. The source's ``verify`` always
+        runs, also for a delivery the door let in on ``verify_headers``: that is an
+        early refusal (and the pass past the per-address limits), never the whole proof,
+        so a source that pre-checks a header there and signs the body in ``verify``
+        cannot be half verified (for Telegram it is one more digest compare).
         """
         started = time.perf_counter()
-        if not proven:
-            try:
-                src.verify(headers, body, time.time())
-            except VerificationError as exc:
-                # the sender hears only "verification failed"; the reason (safe to log) goes to the log
-                return self._reject(src.name, 401, "verification failed", str(exc))
+        try:
+            src.verify(headers, body, time.time())
+        except VerificationError as exc:
+            # the sender hears only "verification failed"; the reason (safe to log) goes to the log
+            return self._reject(src.name, 401, "verification failed", str(exc))
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:

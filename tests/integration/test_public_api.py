@@ -4,15 +4,17 @@ path (``autom.testing``)."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 
-from autom import App, HandlerContext, Job, Router
+from autom import App, HandlerContext, Job, NewJob, Parsed, Router, VerificationError
 from autom.app import AppError
-from autom.testing import Reply, open_testbed
+from autom.sources.base import load_object
+from autom.testing import Reply, hmac_signature, open_testbed
 
 
 def count(dsn: str, sql: str, *params: Any) -> int:
@@ -262,3 +264,52 @@ async def test_check_turns_answers_into_what_the_queue_does(dsn: str, telegram_s
     assert run.status == status and run.error is not None and run.error.startswith(error)
     if reply.status == 429:  # not before the Retry-After (the testbed's own backoff is under a second)
         assert row is not None and (row["run_at"] - row["updated_at"]).total_seconds() >= 29
+
+
+class PreCheckedSource:
+    """A user source that pre-checks a header before the body is read and signs the body in ``verify``."""
+
+    name = "shop"
+    secret_headers = frozenset({"x-shop-signature"})
+
+    def __init__(self) -> None:
+        self.verified = 0
+
+    def verify_headers(self, headers: Any) -> None:
+        if not headers.get("x-shop-signature", "").startswith("sha256="):
+            raise VerificationError("no x-shop-signature")
+
+    def verify(self, headers: Any, body: bytes, now: float) -> None:
+        self.verified += 1
+        if not hmac.compare_digest(headers.get("x-shop-signature", ""), hmac_signature("shop-secret", body)):
+            raise VerificationError("x-shop-signature does not match the body")
+
+    def dedup_key(self, headers: Any, body: bytes) -> str | None:
+        return None
+
+    def parse(self, headers: Any, text: str) -> Parsed:
+        return Parsed(None, [NewJob("shop.order", load_object(text))])
+
+
+async def test_a_source_whose_header_check_passes_is_still_verified_in_full(dsn: str) -> None:
+    app = App(builtins=False)
+    source = app.source(PreCheckedSource())
+
+    @app.handler("shop.order")
+    async def order(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    body = b'{"id": 7}'
+    async with open_testbed(app, database_url=dsn) as bed:
+        # the header check passes, the body is not the one signed: refused, nothing stored
+        forged = await bed.post("shop", body, {"X-Shop-Signature": hmac_signature("shop-secret", b'{"id": 8}')})
+        assert (forged.status, forged.body) == (401, {"error": "verification failed"})
+        assert source.verified == 1
+        assert count(dsn, "select count(*) from events") == 0
+        assert count(dsn, "select count(*) from jobs") == 0
+        # the header check fails: refused at the door, before the body (verify never runs)
+        early = await bed.post("shop", body)
+        assert early.status == 401 and source.verified == 1
+        signed = await bed.post("shop", body, {"X-Shop-Signature": hmac_signature("shop-secret", body)})
+        assert signed.status == 202 and [job.kind for job in signed.jobs] == ["shop.order"]
+    assert count(dsn, "select count(*) from events") == 1
