@@ -227,7 +227,7 @@ async def run_wrk(url: str, dsn: str, script: Path, round_: Round, events: int, 
 
 #: the jobs still due or running, with their recipient's row (for a backlog that stopped moving)
 STALLED_JOBS = (
-    "select j.id, j.status, j.attempts, j.lease, now() - j.run_at as waited,"
+    "select j.id, j.status, j.attempts, autom_lease_generation(j.lease) as lease, now() - j.run_at as waited,"
     " j.locked_until - now() as lease_left, j.recipient, r.busy_until - now() as busy_left,"
     " r.next_due_at - now() as next_due_in, r.last_served,"
     " j.last_error from jobs j left join recipients r using (recipient)"

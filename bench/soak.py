@@ -9,7 +9,8 @@ What one run does (bench/soak.md has the reasoning behind each choice):
 1. starts a throwaway embedded PostgreSQL that can be stopped and started
    (``tests/support/restartable_pg.py``) and adds an *audit trigger* to its
    ``jobs`` table: every insert and every change of ``status`` or ``lease`` is
-   copied to ``soak_audit`` with the clock time and the name of the process
+   copied to ``soak_audit`` (the lease as its generation, ``autom_lease_generation``:
+   migrations/0014) with the clock time and the name of the process
    incarnation that made it (each incarnation connects with
    ``options=-c soak.incarnation=r0-3`` in its DATABASE_URL);
 2. serves a Telegram Bot API stub in this process whose ``sendMessage`` answers a
@@ -140,12 +141,13 @@ create function soak_audit_jobs() returns trigger language plpgsql as $$
 begin
     if tg_op = 'INSERT' then
         insert into soak_audit (job_id, op, new_status, new_lease, new_attempts, old_run_at, by_inc)
-        values (new.id, 'insert', new.status, new.lease, new.attempts, new.run_at,
+        values (new.id, 'insert', new.status, autom_lease_generation(new.lease), new.attempts, new.run_at,
                 current_setting('soak.incarnation', true));
     else
         insert into soak_audit (job_id, op, old_status, new_status, old_lease, new_lease, old_attempts,
                                 new_attempts, old_run_at, old_locked_until, last_error, by_inc)
-        values (new.id, 'update', old.status, new.status, old.lease, new.lease, old.attempts, new.attempts,
+        values (new.id, 'update', old.status, new.status, autom_lease_generation(old.lease),
+                autom_lease_generation(new.lease), old.attempts, new.attempts,
                 old.run_at, old.locked_until, new.last_error, current_setting('soak.incarnation', true));
     end if;
     return null;
@@ -587,7 +589,8 @@ def fetch_tables(dsn: str) -> dict[str, list[dict[str, Any]]]:
         return {
             "events": list(conn.execute("select id, source, dedup_key from events")),
             "jobs": list(conn.execute(
-                "select id, kind, status, attempts, max_attempts, lease, key, recipient, event_id, last_error,"
+                "select id, kind, status, attempts, max_attempts, autom_lease_generation(lease) as lease, key,"
+                " recipient, event_id, last_error,"
                 " extract(epoch from run_at)::float8 as run_at from jobs")),
             "audit": list(conn.execute(
                 "select seq, job_id, op, old_status, new_status, old_lease, new_lease, old_attempts, new_attempts,"

@@ -41,9 +41,10 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- line (creation order; a job waiting for its retry holds it); recipient-less
 -- jobs by due time. Jobs of a paused kind (paused_kinds, migrations/0008) are
 -- skipped. The two lanes take turns (see pick), so a backlog in one cannot hold
--- back the other. Each claim takes a new lease generation and counts an attempt.
--- The claim commits synchronously (unlike complete): see
--- autom/jobs/store.py. A recipient whose line has nothing due is retired by the
+-- back the other. Each claim takes a new lease (autom_lease_next, migrations/0014:
+-- the next generation and 32 random bits, never a value an earlier claim of the job
+-- had, even one lost in a crash) and counts an attempt. The claim commits
+-- synchronously (unlike complete): see autom/jobs/store.py. A recipient whose line has nothing due is retired by the
 -- statement that ended its last claim (complete_many, settle_many: line_due), so
 -- the fair walk below does not trip over it; retire_idle sweeps up the few rows
 -- those could not retire (bench/RESULTS.md, Speed round two: walking the front of
@@ -105,7 +106,7 @@ claimed as (
     -- (limit unknown), the join hashed a sequential scan of jobs: 13.7 against 6.1 ms
     -- for a claim of 63 out of a 20,000-job backlog
     update jobs j
-       set status = 'running', attempts = j.attempts + 1, lease = j.lease + 1,
+       set status = 'running', attempts = j.attempts + 1, lease = autom_lease_next(j.lease),
            locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now(),
            claimed_at = now()
      where j.id = any (array(select id from pick)) and j.due_at <= now()

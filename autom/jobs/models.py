@@ -9,6 +9,12 @@ from typing import Any
 DEFAULT_MAX_ATTEMPTS = 8
 
 
+def lease_generation(lease: int) -> int:
+    """The claim count a lease value carries (``autom_lease_generation``, migrations/0014):
+    the high bits; the low 32 are random, so a lease value is never handed out twice."""
+    return lease if lease < 1 << 32 else lease >> 32
+
+
 @dataclass(frozen=True)
 class NewJob:
     """A job to enqueue.
@@ -34,9 +40,10 @@ class NewJob:
 class Job:
     """A claimed job as a worker sees it.
 
-    ``lease`` is the lease generation of this claim: every write after the claim
-    (complete, fail, renew) matches it, so a worker whose lease ran out and whose
-    job was claimed again changes nothing.
+    ``lease`` is this claim's lease value: every write after the claim (complete, fail,
+    renew, ``complete_in``, ``ctx.once``) matches it, so a worker whose lease ran out and
+    whose job was claimed again changes nothing. No two claims of a job get the same
+    value (migrations/0014); ``generation`` is the claim count it carries.
     """
 
     id: int
@@ -50,3 +57,8 @@ class Job:
     key: str | None = None
     event_id: int | None = None
     run_at: datetime | None = None
+
+    @property
+    def generation(self) -> int:
+        """This claim's number among the job's claims (1 = its first)."""
+        return lease_generation(self.lease)

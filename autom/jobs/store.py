@@ -1,18 +1,26 @@
 """The queue's state changes: enqueue, claim, complete, settle (retry, fail, release, defer), renew.
 
 Every function is one SQL statement from ``queries.sql``, guarded by state and
-the lease generation: a claim increments ``lease``, and complete/fail/renew only
-match ``(id, lease, status='running')``, so a worker whose lease expired and whose
-job was claimed again changes nothing when it wakes up.
+the lease: a claim gives the job a new lease value (``autom_lease_next``,
+migrations/0014: the next generation in the high bits, 32 random bits below), and
+complete/fail/renew only match ``(id, lease, status='running')``, so a worker whose
+lease expired and whose job was claimed again changes nothing when it wakes up.
 
-Complete commits with ``synchronous_commit = off``, set inside
-the statement for its own transaction only (``set_config(..., true)``): the
-commit returns before its WAL is flushed, and a crash of the *server* (not of a
-worker) can lose the last fraction of a second of completions, never a job, and
-never the fencing: a lost completion leaves the job running under the same
-lease; it is claimed again when the lease expires (generation + 1) and runs
-again, which at-least-once allows; the handler's effect was not lost, only its
-record. It does not change the generation, so it cannot hand one out twice.
+Complete commits with ``synchronous_commit = off``, set inside the statement for
+its own transaction only (``set_config(..., true)``): the commit returns before
+its WAL is flushed, and a crash of the *server* (not of a worker) can lose the
+last fraction of a second of completions, never a job, and never the fencing: a
+lost completion leaves the job running under the same lease; it is claimed again
+when the lease expires and runs again, which at-least-once allows; the handler's
+effect was not lost, only its record.
+
+A claim lost in a crash (were it committed asynchronously) would leave the job as it was
+before it, so the next claim would take it again while the lost claim's worker
+may still run it. That next claim takes the same generation, but not the same lease
+value: the random low bits differ (but for 1 in 2^32), so every write of the lost
+claim (complete, settle, renew, a handler's transaction ending in ``complete_in``,
+``ctx.once``) is fenced off (tests/integration/test_lost_claim.py). With lease + 1
+it would have handed out the lost claim's value again.
 
 Everything else keeps the server's setting: the claim, enqueue (the intake's
 202 promises the event and its jobs are on disk), ``settle_many`` (a failure's
@@ -20,12 +28,10 @@ alert, a release at shutdown) and the renewal. A renewal lost in a crash would
 leave the worker's local deadline (autom/worker/run.py) later than the lease the
 database kept, and another claim could start the job while this run goes on; a
 renewal is one statement per lease/3 for all held claims, so durability costs
-nothing worth saving. A claim committed asynchronously and lost in a crash
-would give its generation again to the next claim of the job, while the lost
-claim's worker might still complete or fail with it; and it measured no faster
-here (bench/RESULTS.md, Worker): the claim stays durable. Whatever is committed
-after one of these writes durably (an enqueue, a claim) flushes it too: the WAL
-is written in order.
+nothing worth saving. A lost claim's run would go on beside the next claim's
+until its renewal found the claim gone: the claim stays durable. Whatever is
+committed after one of these writes durably (an enqueue, a claim) flushes it too:
+the WAL is written in order.
 
 ``insert_jobs_sync`` takes the connection of a caller's transaction, so jobs can be
 created in it (``enqueue(job, tx)``: they commit or roll back with the caller's own

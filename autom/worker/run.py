@@ -83,8 +83,8 @@ class Run:
         caller lets it propagate so ``tx`` rolls back. Call it last in the transaction.
         """
         if self.lost or self.expired():
-            raise LeaseLost(f"job {self.job.id}: lease {self.job.lease} is no longer held")
+            raise LeaseLost(f"job {self.job.id}: claim {self.job.generation} is no longer held")
         if not await self._store.complete_in(tx, self.job):
             self.lost = True
-            raise LeaseLost(f"job {self.job.id}: lease {self.job.lease} is no longer held")
+            raise LeaseLost(f"job {self.job.id}: claim {self.job.generation} is no longer held")
         self.settled = True

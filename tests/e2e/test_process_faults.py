@@ -25,7 +25,7 @@ from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import post_telegram, telegram_update, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
 
-JOB_COLUMNS = "id, status, attempts, lease, last_error, recipient"
+JOB_COLUMNS = "id, status, attempts, autom_lease_generation(lease) as lease, last_error, recipient"
 # "within about a second" (README, Health and metrics), with room for a loaded machine running several processes
 QUICK = 2.0
 
