@@ -10,6 +10,7 @@ every slot busy, LISTEN-free notifies with ``aclosing``, host names.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from contextlib import aclosing
 from functools import partial
@@ -258,6 +259,22 @@ async def test_trio_connection_directly(empty_dsn: str) -> None:
     finally:
         await conn.close()
     assert conn.closed
+
+
+async def test_json_and_jsonb_read_as_json_loads_reads_them(empty_dsn: str) -> None:
+    """The native connection's own JSON loaders (autom.db.native._loads) give what psycopg's give."""
+    values = ['{}', '{"a": [1, 2.5, null, true], "é": "ü\\u00e9 ☃ 😀", "n": {"x": "\\\\"}}', '[]', '"s"', '3']
+    conn = await TrioConnection.connect_trio(empty_dsn)
+    try:
+        for text in values:
+            cursor = await conn.execute("select %s::jsonb as b, %s::json as j", [text, text])
+            row = await cursor.fetchone()
+            assert row is not None
+            assert row["b"] == json.loads(text) and row["j"] == json.loads(text), text
+        cursor = await conn.execute("select null::jsonb as b")
+        assert await cursor.fetchone() == {"b": None}
+    finally:
+        await conn.close()
 
 
 async def test_host_names_are_resolved_off_the_trio_thread(empty_dsn: str) -> None:
