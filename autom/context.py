@@ -112,12 +112,14 @@ class Services:
 class RunState:
     """The mutable part of one run: what it enqueued, its transaction, the once keys it recorded."""
 
-    __slots__ = ("complete", "db", "enqueued", "once_recorded", "tx")
+    __slots__ = ("complete", "db", "enqueued", "once_recorded", "run", "tx")
 
-    def __init__(self, db: Database, complete: Callable[[Tx], Awaitable[None]]) -> None:
+    def __init__(self, db: Database, complete: Callable[[Tx], Awaitable[None]], run: Run | None = None) -> None:
         self.db = db
         #: the claim's fenced "done" inside a transaction (``Run.complete_in``)
         self.complete = complete
+        #: the claim (its local deadline bounds ``HandlerContext.deadline``)
+        self.run = run
         self.enqueued: list[NewJob] = []
         self.tx: HandlerTransaction | None = None
         self.once_recorded: list[str] = []
@@ -184,7 +186,10 @@ class HandlerContext:
         the shutdown grace: the effective deadline of the handler's task; ``inf`` when
         nothing bounds it. Read it where the handler runs.
         """
-        return trio.current_effective_deadline()
+        deadline = trio.current_effective_deadline()
+        run = self._state.run
+        # the lease's local deadline is the run's, not a cancel scope's (autom/worker/run.py)
+        return deadline if run is None else min(deadline, run.deadline)
 
     # -- outcomes of external calls -------------------------------------------------------
 
@@ -302,4 +307,4 @@ class HandlerContext:
 
 def new_context(run: Run, services: Services) -> HandlerContext:
     """The context of one run (the worker's hot path: no I/O)."""
-    return HandlerContext(run.job, services, RunState(services.db, run.complete_in))
+    return HandlerContext(run.job, services, RunState(services.db, run.complete_in, run))

@@ -20,8 +20,9 @@ handler receives from its ``Run``. A context that gives handlers a transaction
 generation (``LeaseLost`` when the claim is gone, so the transaction rolls back).
 The runner then writes nothing more for that run; every other run's "done" goes
 through the batched writer. ``run.scope`` is the cancel scope the handler runs
-in (its deadline is the lease end); ``run.deadline`` is that time on the trio
-clock, for a context that wants to show a handler how long it has.
+in (its runner's; cancelling it stops the run); ``run.deadline`` is the local lease
+end on the trio clock (the pool stops the run there), for a context that wants to
+show a handler how long it has.
 
 ``autom.errors.Defer(after=s)`` from a handler: the job runs again after ``s``
 seconds, the attempt not counted, no error recorded, no alert.

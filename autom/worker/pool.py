@@ -10,11 +10,13 @@ Inside the service nursery::
         └── WORKERS runners, each running one claimed job at a time, fed by a memory channel
 
 Every claim becomes a ``Run`` (autom/worker/run.py): its job, its lease generation,
-and a cancel scope whose deadline is the run's *local* deadline, the lease end
-less a safety margin, moved forward only by a successful renewal. A handler
-never outlives its lease: when the database cannot be reached to renew it, the
-handler is cancelled at that deadline and the claim dropped (the job is someone
-else's now), before another claim could run it. In-process state is keyed by
+and its *local* deadline, the lease end less a safety margin, moved forward only
+by a successful renewal. A handler never outlives its lease: when the database
+cannot be reached to renew it, the handler is cancelled at that deadline and the
+claim dropped (the job is someone else's now), before another claim could run it.
+Each runner runs its jobs in one cancel scope of its own, kept until it stops one
+of them; the deadline watch (``_watch_deadlines``) cancels a runner's scope when its
+run's deadline passes, a renewal that finds the claim gone cancels it at once. In-process state is keyed by
 claim ``(id, lease)``: a new claim of an id this process still holds (its lease
 ran out while it waited) replaces the old one, which is dropped.
 
@@ -128,6 +130,10 @@ class WorkerPool:
         self._wants_room = False
         self._stopping = Doorbell()  # rung once shutdown is set
         self._handler_scope = trio.CancelScope()
+        # the deadline watch wakes at _watch_at, no later than the earliest local deadline
+        # of a run held; a new claim with an earlier one rings it
+        self._watch_at = math.inf
+        self._watch_bell = Doorbell()
         self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
         self._completer = Completer(self.store, self, renew_every=self.lease_seconds / 3)
         self._by_kind: dict[str, tuple[Any, Any]] = {}  # kind → (duration histogram, "done" counter)
@@ -163,6 +169,7 @@ class WorkerPool:
         async with trio.open_nursery() as aux:
             await aux.start(self._completer.run)
             aux.start_soon(self._watch_shutdown)
+            aux.start_soon(self._watch_deadlines)
             with self._handler_scope:
                 async with trio.open_nursery() as runners:
                     for _ in range(self.workers):
@@ -184,6 +191,31 @@ class WorkerPool:
         self._stopping.set()
         self._slots.set()
         self.deps.doorbell.set()
+
+    async def _watch_deadlines(self) -> None:
+        """Cancel each running run at its local deadline (its runner's scope; ``_run_job`` drops
+        the claim). Asleep until the earliest deadline of a run held, or until a claim with
+        an earlier one rings it: with runs held it wakes about once a lease, not once a job."""
+        bell = self._watch_bell
+        while True:
+            seen = bell.count
+            now = trio.current_time()
+            earliest = math.inf
+            for run in self.running.values():
+                scope = run.scope
+                if scope is None or scope.cancel_called:
+                    continue
+                if run.deadline <= now:
+                    scope.cancel()
+                elif run.deadline < earliest:
+                    earliest = run.deadline
+            for run in self.queued.values():
+                # one past its deadline is dropped when a runner takes it
+                if now < run.deadline < earliest:
+                    earliest = run.deadline
+            self._watch_at = earliest
+            with trio.move_on_at(earliest):
+                await bell.wait_after(seen)
 
     # -- fetching ------------------------------------------------------------------
 
@@ -262,6 +294,9 @@ class WorkerPool:
         self._by_id[run.job.id] = run
         self.queued[run.key] = run
         self._send.send_nowait(run)
+        if run.deadline < self._watch_at:
+            self._watch_at = run.deadline
+            self._watch_bell.set()
 
     def _adapt(self) -> None:
         """Set how many claimed jobs may wait: what the workers start, at their recent
@@ -287,14 +322,22 @@ class WorkerPool:
     # -- running ---------------------------------------------------------------------
 
     async def _runner(self) -> None:
-        async for run in self._receive:
-            if self.queued.pop(run.key, None) is None:
-                continue  # given back at shutdown, or its claim was lost while it waited
-            if run.expired():
-                # its local deadline passed while it waited (renewals failed): not ours to start
-                self._drop(run, "lease could not be renewed before the job started; dropped it")
-                continue
-            await self._run_job(run)
+        receive = self._receive
+        while True:
+            # one scope for every run of this runner until it stops one of them (a scope per
+            # run cost ~5 µs a job: autom/worker/run.py)
+            with trio.CancelScope() as scope:
+                async for run in receive:
+                    if self.queued.pop(run.key, None) is None:
+                        continue  # given back at shutdown, or its claim was lost while it waited
+                    if run.expired():
+                        # its local deadline passed while it waited (renewals failed): not ours to start
+                        self._drop(run, "lease could not be renewed before the job started; dropped it")
+                        continue
+                    run.scope = scope
+                    await self._run_job(run)
+                return  # the channel is closed: shutdown
+            # the scope was cancelled to stop one of its runs (``_run_job`` dropped it): a new one
 
     def _kind_metrics(self, kind: str) -> tuple[Any, Any]:
         found = self._by_kind.get(kind)
@@ -323,29 +366,25 @@ class WorkerPool:
                 # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
                 state: RunState | None = getattr(ctx, "_state", None)
                 fn: Callable[..., Awaitable[object]] = spec.fn
-                with run.scope:
-                    try:
-                        # inline, not a helper coroutine: this is every job's path
-                        result = await (fn(ctx, job) if spec.timeout is None else self._timed(spec, ctx, job))
-                        if result is not None:
-                            raise PermanentError(f"the handler of {job.kind!r} returned a "
-                                                 f"{type(result).__name__}; a handler must return None")
-                        if state is not None and state.needs_transaction:
-                            # what it enqueued and wrote commits with its "done", last and fenced
-                            # (LeaseLost: nothing committed, the claim is gone)
-                            await state.commit()
-                    except Exception as exc:
-                        outcome = Outcome(run, _status(settle := self.store.decide(job, exc, retry=spec.retry)),
-                                          settle)
-                    finally:
-                        if state is not None and state.tx is not None and state.tx.opened:
-                            # it raised, timed out or was cancelled: nothing it wrote may commit
-                            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                                await state.tx.abandon()
-                if run.scope.cancelled_caught:
-                    # the local deadline passed (renewals failed) or a renewal found the claim gone
-                    self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
-                    return
+                # in the runner's scope (run.scope): the deadline watch or a lost claim cancels it
+                try:
+                    # inline, not a helper coroutine: this is every job's path
+                    result = await (fn(ctx, job) if spec.timeout is None else self._timed(spec, ctx, job))
+                    if result is not None:
+                        raise PermanentError(f"the handler of {job.kind!r} returned a "
+                                             f"{type(result).__name__}; a handler must return None")
+                    if state is not None and state.needs_transaction:
+                        # what it enqueued and wrote commits with its "done", last and fenced
+                        # (LeaseLost: nothing committed, the claim is gone)
+                        await state.commit()
+                except Exception as exc:
+                    outcome = Outcome(run, _status(settle := self.store.decide(job, exc, retry=spec.retry)),
+                                      settle)
+                finally:
+                    if state is not None and state.tx is not None and state.tx.opened:
+                        # it raised, timed out or was cancelled: nothing it wrote may commit
+                        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
+                            await state.tx.abandon()
                 duration = trio.current_time() - run.started
                 self._handler_s = _average(self._handler_s, duration)
                 if outcome is None:
@@ -363,8 +402,12 @@ class WorkerPool:
                 else:
                     self.deps.metrics.job_seconds.labels(job.kind).observe(duration)
         except trio.Cancelled:
-            # hard shutdown: give the job back now instead of waiting for its lease
-            if not run.settled:
+            if run.scope is not None and run.scope.cancel_called and not self._handler_scope.cancel_called:
+                # the local deadline passed (renewals failed) or a renewal found the claim gone;
+                # the runner's scope takes the Cancelled
+                self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
+            elif not run.settled:
+                # hard shutdown: give the job back now instead of waiting for its lease
                 outcome = Outcome(run, "released", Settle(job, "released", "interrupted by shutdown"))
             raise
         finally:
@@ -392,7 +435,9 @@ class WorkerPool:
         ``run()``, and record its outcome (autom.testing): the same path as a runner's."""
         run = Run(job, claimed_at + self.lease_seconds - self._margin, self.store)
         self._by_id[job.id] = run
-        await self._run_job(run)
+        # no deadline watch here (and no renewals): the run's own scope ends at its deadline
+        with trio.CancelScope(deadline=run.deadline) as run.scope:
+            await self._run_job(run)
         await self._completer.drain()
 
     def _failed(self, run: Run, error: str) -> Outcome:
@@ -412,7 +457,7 @@ class WorkerPool:
         """``run``'s claim is gone: a queued run is dropped, a running one cancelled."""
         if run.state == "queued" and self.queued.pop(run.key, None) is not None:
             self._drop(run, "lease lost before the job started; dropped it")
-        elif run.state == "running":
+        elif run.state == "running" and run.scope is not None:
             run.scope.cancel()  # _run_job drops it
         elif run.state == "finishing":
             run.lost = True  # its write is fenced and will match nothing

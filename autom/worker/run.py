@@ -2,10 +2,17 @@
 
 A run carries what a handler's context needs to act for its claim: the job and
 its lease generation (``key`` = ``(id, lease)``), the cancel scope the handler
-runs in, and that scope's deadline, the *local* lease end: when the claim was
-sent (or the last successful renewal), plus the lease, less a safety margin.
-Only a successful renewal moves it; when it passes, the handler is cancelled
-and the claim dropped, so a handler never outlives its lease.
+runs in (``scope``, set when the run starts: its runner's), and the run's
+*local* deadline, the local lease end: when the claim was sent (or the last
+successful renewal), plus the lease, less a safety margin. Only a successful
+renewal moves it; when it passes, the pool cancels the run's scope and drops
+the claim, so a handler never outlives its lease.
+
+The scope is the runner's, kept from run to run until one of its runs is
+cancelled, and the deadline is a number the pool's watch compares (``WorkerPool``):
+entering and leaving a trio cancel scope with a deadline for every job cost
+about 5 µs of the worker's ~33 µs of CPU per job (bench/RESULTS.md, Speed
+round three).
 
 ``complete_in(tx)`` marks the job done inside a transaction the handler's
 context opened: the handler's own writes and the "done" commit together, or
@@ -46,14 +53,17 @@ class _Completes(Protocol):
 class Run:
     """One claim of ``job`` held by this process; see the module docstring."""
 
-    __slots__ = ("_store", "job", "key", "lost", "scope", "settled", "started", "state")
+    __slots__ = ("_store", "deadline", "job", "key", "lost", "scope", "settled", "started", "state")
 
     def __init__(self, job: Job, deadline: float, store: Any) -> None:
         self.job = job
         #: the claim: (job id, lease generation)
         self.key: tuple[int, int] = (job.id, job.lease)
-        #: the handler runs in this scope; its deadline is the local lease end
-        self.scope = trio.CancelScope(deadline=deadline)
+        #: the local lease end (trio clock)
+        self.deadline = deadline
+        #: the handler runs in this scope (its runner's; None until the run starts): cancelling it
+        #: stops the run
+        self.scope: trio.CancelScope | None = None
         self.started = 0.0
         self.state: State = "queued"
         #: the claim is known to be gone (a renewal did not find it, or the deadline passed)
@@ -62,19 +72,14 @@ class Run:
         self.settled = False
         self._store: _Completes = store
 
-    @property
-    def deadline(self) -> float:
-        """The local lease end (trio clock)."""
-        return self.scope.deadline
-
     def expired(self) -> bool:
         """Whether the local deadline has passed (the lease may be running out in the database)."""
-        return trio.current_time() >= self.scope.deadline
+        return trio.current_time() >= self.deadline
 
     def extend(self, deadline: float) -> None:
         """A renewal succeeded: move the local deadline to ``deadline`` (never back, never once lost)."""
-        if not self.lost and deadline > self.scope.deadline:
-            self.scope.deadline = deadline
+        if not self.lost and deadline > self.deadline:
+            self.deadline = deadline
 
     async def complete_in(self, tx: Tx) -> None:
         """Mark this claim's job done inside ``tx`` (commits with the handler's writes).

@@ -222,6 +222,53 @@ async def test_failing_renewals_cancel_the_handler_at_its_local_deadline(autojum
     assert store.renewals >= 2 and store.done == [] and store.settled == []
 
 
+async def test_a_runner_whose_run_was_stopped_runs_the_next_jobs_and_each_sees_its_own_deadline(
+    autojump_clock: Any,
+) -> None:
+    """A runner keeps one cancel scope for its runs until it stops one (autom/worker/run.py):
+    after a lost claim and a passed local deadline, the same runner runs the next jobs to the
+    end, each bounded by its own lease, and ``ctx.deadline`` is the run's local deadline."""
+    store = MemoryStore(lease_seconds=3.0)
+    (lost,) = store.add(1, kind="long")
+    store.renew_drops.add(lost.id)
+    ended: list[tuple[int, str]] = []
+    seen: list[tuple[float, float]] = []
+
+    async def long(ctx: Any, j: Job) -> None:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            ended.append((j.id, "stopped"))
+            raise
+
+    async def short(ctx: Any, j: Job) -> None:
+        seen.append((trio.current_time(), ctx.deadline))
+        await trio.sleep(0.5)
+        ended.append((j.id, "done"))
+
+    pool = make_pool(store, {"long": long, "short": short}, workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(ended) == 1)  # the lost claim: stopped at the first renewal
+        store.renew_drops.clear()
+        (late,) = store.add(1, kind="long")
+        store.renew_fails = True  # its renewals fail: stopped at its local deadline
+        pool.deps.doorbell.set()
+        await until(lambda: len(ended) == 2)
+        store.renew_fails = False
+        store.add(2, kind="short")
+        pool.deps.doorbell.set()
+        await until(lambda: len(ended) == 4)
+        pool.deps.shutdown.value = True
+    assert ended[:2] == [(lost.id, "stopped"), (late.id, "stopped")]
+    assert [e[1] for e in ended[2:]] == ["done", "done"]
+    assert len(store.done) == 2
+    assert store.settled == []
+    for started, deadline in seen:
+        # the local deadline: the claim (sent before the run started) + the lease - its margin
+        assert started < deadline <= started + 3.0 - 0.3 + 1e-9
+
+
 async def test_every_outcome_goes_to_the_one_writer(autojump_clock: Any) -> None:
     store = MemoryStore()
     store.add(1, kind="ok")
