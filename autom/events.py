@@ -17,10 +17,12 @@ would be in separate transactions. If the batch fails because the database is
 unreachable, nothing of it is stored and every delivery of it gets a 503; if it
 fails for any other reason (a deadlock, say, or one delivery PostgreSQL
 refuses), each delivery is stored on its own, as without batching, and gets its
-own answer. A hop whose connection drops after the statement was sent may have
-committed all the same: its commit record (a token written with it) tells, so
-stored deliveries get their 202, not a 503 that would make a sender without an
-event id deliver again (``StoreBatcher._committed``).
+own answer. A hop whose connection drops after the statement was sent, or that is
+cancelled at its deliveries' deadline, may have committed all the same: its commit
+record (a token written with it) tells, so stored deliveries get their 202, not a
+503 that would make a sender without an event id deliver again
+(``StoreBatcher._committed``). A delivery still queued at its deadline, or whose
+sender left, leaves the queue: nothing of it was sent to the database.
 
 Replaying (``replay_event``): a stored event is parsed again with its source and
 its jobs are created; keyed jobs that exist already are skipped.
@@ -34,9 +36,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -70,23 +73,70 @@ GATHER_SECONDS = 0.002
 #: How long a hop whose connection dropped tries to find out whether it committed.
 SETTLE_SECONDS = 3.0
 #: Longest a batch's hop may take; it runs shielded from the cancellation of the request
-#: that leads it (that sender gave up, the others did not). Beyond it: 503 for the batch.
+#: that leads it (that sender gave up, the others did not). Beyond it the hop is cancelled
+#: and its commit record decides: 202 for what it stored, 503 for the rest.
 BATCH_HOP_SECONDS = 10.0
+#: Least time a hop gets, also when a delivery in it is at its deadline already (``store``).
+MIN_HOP_SECONDS = 1.0
+
+
+#: What ``StoreBatcher.store`` may wait on besides its turn: returns once the sender is gone.
+Gone = Callable[[], Awaitable[object]]
+
+
+class SenderGone(Exception):
+    """``StoreBatcher.store``: the sender disconnected while its delivery waited.
+
+    ``sent``: the delivery's hop was in flight already, so it is stored all the same
+    (nobody hears of it); otherwise it left the queue and nothing of it was stored.
+    """
+
+    def __init__(self, sent: bool) -> None:
+        super().__init__("the sender disconnected before its answer")
+        self.sent = sent
 
 
 class _Delivery:
     """One delivery waiting in a ``StoreBatcher``: its parameters, then its outcome."""
 
-    __slots__ = ("alone", "error", "lead", "outcome", "params", "taken", "wake")
+    __slots__ = ("_waiting", "alone", "deadline", "error", "lead", "outcome", "params", "taken", "woken")
 
-    def __init__(self, params: dict[str, Any]) -> None:
+    def __init__(self, params: dict[str, Any], deadline: float) -> None:
         self.params = params
-        self.wake = trio.Event()  # its batch is over, or it is to lead the next one
+        self.deadline = deadline  # trio time by which its sender is to have an answer
+        self.woken = False  # its batch is over, or it is to lead the next one
+        self._waiting: trio.CancelScope | None = None  # its wait (``wait``), cancelled to wake it
         self.lead = False  # it runs the next hop (for everyone queued)
         self.taken = False  # it is in a batch (in flight or done)
         self.alone = False  # its batch failed: it is to be stored on its own
         self.outcome: tuple[int | None, int] | None = None  # (event id or None for a duplicate, jobs)
         self.error: BaseException | None = None
+
+    def wake(self) -> None:
+        """Its batch is over, or it is to lead the next one: end its ``wait``."""
+        self.woken = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def wait(self, gone: Gone | None) -> bool:
+        """Until woken (True), or until ``gone`` returns: its sender left (False).
+
+        The request's own task waits on its sender's channel (``gone``), and waking
+        cancels that wait: no task per delivery (spawning one cost ~30 µs, a twentieth
+        of a delivery's CPU).
+        """
+        if self.woken:
+            await trio.lowlevel.checkpoint()
+            return True
+        try:
+            with trio.CancelScope() as self._waiting:
+                if gone is None:
+                    await trio.sleep_forever()
+                else:
+                    await gone()
+        finally:
+            self._waiting = None
+        return self.woken
 
 
 class StoreBatcher:
@@ -98,12 +148,23 @@ class StoreBatcher:
     deliveries would then be stored one by one). Two hops at a time were no
     faster in bench/intake.py (RESULTS.md, Intake).
 
-    ``await store(params)`` returns ``(event_id, jobs)`` once the delivery is
+    ``await store(params, deadline)`` returns ``(event_id, jobs)`` once the delivery is
     committed, ``(None, 0)`` for a redelivery, or raises (``DatabaseUnavailable``
     for a 503). No task of its own: the first delivery to find no hop in flight runs
     one for everything queued (the *leader*); when it ends, the first delivery still
-    queued is woken to lead the next. A delivery whose request is cancelled while it
-    waits leaves the queue (nothing stored) unless its batch is already in flight.
+    queued is woken to lead the next. A delivery whose sender disconnects while it
+    waits (``gone`` returns: ``SenderGone``) or whose request is cancelled leaves the
+    queue (nothing stored) unless its batch is already in flight: then it is stored
+    all the same, nobody hearing of it.
+
+    The ``deadline`` (trio time) bounds the wait: a delivery still queued then leaves
+    the queue with ``DatabaseUnavailable`` (nothing was sent to the database). A hop
+    is cancelled at the earliest deadline of its deliveries (but gets at least
+    ``MIN_HOP_SECONDS``, at most ``BATCH_HOP_SECONDS``); its commit record then tells
+    whether it committed all the same (``_settle``): its deliveries get their outcome
+    if so, ``DatabaseUnavailable`` only if nothing of the hop was stored. So a sender
+    has its answer by about its deadline plus a cancelled statement's grace and
+    ``SETTLE_SECONDS``.
 
     A leader does not start its hop at once: it first waits, at most ``gather``
     seconds (``GATHER_SECONDS``), until the event loop has nothing else to do, so the
@@ -134,29 +195,41 @@ class StoreBatcher:
         """Deliveries waiting for a hop (not counting those in a hop in flight)."""
         return len(self._queue)
 
-    async def store(self, params: dict[str, Any]) -> tuple[int | None, int]:
-        """Store one delivery (``store_params``); see the class docstring."""
-        delivery = _Delivery(params)
+    async def store(self, params: dict[str, Any], deadline: float = math.inf,
+                    gone: Gone | None = None) -> tuple[int | None, int]:
+        """Store one delivery (``store_params``) by about ``deadline``; see the class docstring.
+
+        ``gone``: returns once the sender has disconnected; a delivery whose sender
+        leaves while it waits raises ``SenderGone``.
+        """
+        delivery = _Delivery(params, deadline)
         self._queue.append(delivery)
         try:
-            if self._busy:
-                await delivery.wake.wait()
-            else:
-                self._busy = True
-                delivery.lead = True
-            if delivery.lead and self._gather > 0:
-                # let the deliveries the loop is working on right now join this hop;
-                # wait_all_tasks_blocked is not only for tests: it returns once no task
-                # can run and no I/O is ready (the run loop's own idle check)
-                with trio.move_on_after(self._gather):
-                    await wait_all_tasks_blocked()
+            with trio.move_on_at(deadline) as waiting:
+                if self._busy:
+                    if not await delivery.wait(gone):
+                        raise SenderGone(sent=delivery.taken)  # withdrawn below unless taken
+                else:
+                    self._busy = True
+                    delivery.lead = True
+                if delivery.lead and self._gather > 0:
+                    # let the deliveries the loop is working on right now join this hop;
+                    # wait_all_tasks_blocked is not only for tests: it returns once no task
+                    # can run and no I/O is ready (the run loop's own idle check)
+                    with trio.move_on_after(self._gather):
+                        await wait_all_tasks_blocked()
+            if waiting.cancelled_caught and delivery.taken:
+                await delivery.wait(None)  # taken by a hop just then: its answer comes from the hop
         except BaseException:
             self._withdraw(delivery)
             raise
+        if waiting.cancelled_caught and not delivery.taken:
+            self._withdraw(delivery)
+            raise DatabaseUnavailable("the delivery waited for the database until its deadline")
         if delivery.lead:
             await self._lead()
         if delivery.alone:
-            return await self._store_one(params)
+            return await self._store_alone(delivery)
         if delivery.error is not None:
             raise delivery.error
         assert delivery.outcome is not None
@@ -174,22 +247,49 @@ class StoreBatcher:
         for delivery in batch:
             delivery.taken = True
         self.hops_run += 1
+        # a hop of one is intake_store with the delivery's own token, a batch's has one of its own
+        token = batch[0].params["token"] if len(batch) == 1 else uuid.uuid4().hex
         try:
             with trio.CancelScope(shield=True) as scope:
-                scope.deadline = trio.current_time() + BATCH_HOP_SECONDS
-                await self._hop(batch)
-            if scope.cancelled_caught:
-                timeout = DatabaseUnavailable(f"storing a batch took more than {BATCH_HOP_SECONDS:g} s")
-                for delivery in batch:
-                    if delivery.outcome is None and delivery.error is None:
-                        delivery.error = timeout
+                scope.deadline = _hop_deadline(min(d.deadline for d in batch))
+                await self._hop(batch, token)
+            if scope.cancelled_caught and all(
+                    d.outcome is None and d.error is None and not d.alone for d in batch):
+                try:
+                    stored = await self._settle(token)
+                except DatabaseUnavailable as exc:  # nothing of the hop was stored: 503 for each
+                    for delivery in batch:
+                        delivery.error = exc
+                else:
+                    for delivery, outcome in zip(batch, stored, strict=True):
+                        delivery.outcome = outcome
         finally:
             for delivery in batch:
-                delivery.wake.set()
+                delivery.wake()
             self._hand_over()
 
-    async def _hop(self, batch: list[_Delivery]) -> None:
-        """Store ``batch`` in one hop; set each delivery's outcome, error or ``alone``."""
+    async def _store_alone(self, delivery: _Delivery) -> tuple[int | None, int]:
+        """A delivery of a failed batch, stored by itself: bounded and settled as a hop is."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = _hop_deadline(delivery.deadline)
+            return await self._store_one(delivery.params)
+        (outcome,) = await self._settle(delivery.params["token"])
+        return outcome
+
+    async def _settle(self, token: str) -> list[tuple[int | None, int]]:
+        """After a hop was cancelled at its deadline: the outcomes it committed, else DatabaseUnavailable.
+
+        The hop's statement may have committed before the cancel reached the server;
+        its commit record tells (``_committed``), so a stored delivery gets its 202.
+        """
+        with trio.CancelScope(shield=True):  # its leader's sender may have left meanwhile
+            stored = await self._committed(token)
+        if stored is None:
+            raise DatabaseUnavailable("the database did not store the delivery within its deadline")
+        return [(None, 0) if event_id is None else (int(event_id), int(jobs)) for _pos, event_id, jobs in stored]
+
+    async def _hop(self, batch: list[_Delivery], token: str) -> None:
+        """Store ``batch`` in one hop (``token``: its commit record's); set each one's outcome, error or ``alone``."""
         if len(batch) == 1:
             (delivery,) = batch
             try:
@@ -197,7 +297,6 @@ class StoreBatcher:
             except Exception as exc:
                 delivery.error = exc
             return
-        token = uuid.uuid4().hex
         try:
             rows = await self._db.fetch_all(Q.intake_store_many, {
                 "items": batch_items(d.params for d in batch), "token": token}, prepare=True)
@@ -255,7 +354,7 @@ class StoreBatcher:
                 results = row["results"] if row is not None else None
                 if results is None:
                     return None
-                log.info("a hop's connection dropped after it committed; answered from its commit record")
+                log.info("a hop cut off (its connection, its deadline) had committed; answered from its commit record")
                 return list(results)
         return None
 
@@ -264,17 +363,23 @@ class StoreBatcher:
         if self._queue:
             leader = self._queue[0]
             leader.lead = True
-            leader.wake.set()
+            leader.wake()
         else:
             self._busy = False
 
     def _withdraw(self, delivery: _Delivery) -> None:
-        """``delivery``'s request stopped waiting (cancelled)."""
+        """``delivery``'s request stopped waiting (cancelled, or at its deadline)."""
         if delivery.taken:
             return  # its batch is in flight: stored or not, nobody waits for the answer
         self._queue.remove(delivery)
         if delivery.lead:
             self._hand_over()  # it was woken to lead, and never will
+
+
+def _hop_deadline(earliest: float) -> float:
+    """When a hop is cancelled: at ``earliest`` (its first delivery's deadline), within the hop bounds."""
+    now = trio.current_time()
+    return min(now + BATCH_HOP_SECONDS, max(now + MIN_HOP_SECONDS, earliest))
 
 
 def _size(params: Mapping[str, Any]) -> int:

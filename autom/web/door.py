@@ -17,7 +17,11 @@ body. Only ``POST /hooks/{source}`` is looked at, in the README's order (Sources
    (``Intake.deliver``, autom/web/intake.py) directly: a delivery to a known source
    never goes through Quart, whose request machinery cost about a fifth of its CPU.
    An exception there is logged and answered 500 ``{"error": "internal error"}``, as
-   Quart's handler would.
+   Quart's handler would. A client that disconnects meanwhile gets no answer, and
+   its delivery, if still waiting for the database, is withdrawn (nothing stored),
+   as when Quart cancelled its handler; one already sent is stored all the same
+   (``Intake.deliver``, which also bounds a delivery by a deadline: 503 when not
+   stored by then).
 
 Every refusal given here (429, 408, 413) closes the connection (``Connection:
 close``): the body stays unread, and a refused client pays for a new one. A 401
@@ -36,6 +40,7 @@ import trio
 
 from autom.admission import BODY_DEADLINE_SECONDS, Admission, client_key, retry_after
 from autom.errors import VerificationError
+from autom.sources.base import Source
 from autom.web.intake import Answer, Intake, error_answer, request_headers
 from autom.web.serve import content_length
 
@@ -123,15 +128,28 @@ class Door:
         if self.intake is None:
             await self.app(scope, _Replay(body, receive), _watch_failures(send, adm, client))
             return
-        try:
-            found = await self.intake.deliver(source, headers, body)
-        except Exception:
-            # what Quart's handler did for a route that raised: the traceback to the log, a bare 500
-            intake_log.exception("the intake failed on a delivery to %s", source.name, extra={"source": source.name})
-            found = error_answer(500, "internal error")
+        found = await self._deliver(source, headers, body, receive)
+        if found is None:
+            return  # the client left: nobody to answer
         if found.status in (401, 404):
             adm.failing.failed(client, adm.clock())
         await _send_answer(send, found)
+
+    async def _deliver(self, source: Source, headers: dict[str, str], body: bytes, receive: Receive) -> Answer | None:
+        """The intake's answer, or None if the client disconnected first (Intake.deliver)."""
+        assert self.intake is not None
+
+        async def gone() -> None:
+            # the body is read: what comes now is http.disconnect
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        try:
+            return await self.intake.deliver(source, headers, body, gone)
+        except Exception:
+            # what Quart's handler did for a route that raised: the traceback to the log, a bare 500
+            intake_log.exception("the intake failed on a delivery to %s", source.name, extra={"source": source.name})
+            return error_answer(500, "internal error")
 
     async def _read_body(self, receive: Receive, send: Send, source: str) -> bytes | None:
         """The whole body within the deadline and size cap, or None once answered (408, 413) or gone."""

@@ -11,7 +11,9 @@ written unless all pass:
 4. 400 the verified body is not UTF-8 text, or holds a NUL character
    (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
 5. 503 the database is unavailable, or refused to store it (a statement or lock
-   timeout: any database error; nothing was written), or the backlog is full for
+   timeout: any database error; nothing was written), or did not store it within
+   ``DELIVERY_SECONDS`` (a delivery's total deadline once its body is read; one that
+   committed all the same gets its 202: ``StoreBatcher``), or the backlog is full for
    this sender; 429 a recipient of the delivery is at MAX_PENDING_PER_RECIPIENT
    (both with Retry-After; autom/admission.py. The 429s of the per-client limits
    come earlier, before the body is read: autom/web/door.py);
@@ -43,7 +45,7 @@ from quart import Blueprint, Response
 from autom.admission import Admission
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
-from autom.events import StoreBatcher, encode_delivery
+from autom.events import Gone, SenderGone, StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source
@@ -57,6 +59,13 @@ ALWAYS_SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorizati
 # Bodies above this are parsed in a worker thread: json.loads of a 1 MiB body takes
 # milliseconds, which would stall every other request on the trio thread meanwhile.
 _PARSE_IN_THREAD_BYTES = 64 * 1024
+
+#: A delivery's deadline once its body is read: not stored by then, it gets 503 (its hop
+#: is cancelled, and its commit record says whether it committed all the same; then
+#: 202). The answer comes by about this plus a cancelled statement's grace and the
+#: commit record's look-up (autom.events.StoreBatcher), instead of whenever a stuck
+#: database lets go. Senders give up after about 10 s themselves (GitHub: 10 s).
+DELIVERY_SECONDS = 10.0
 
 def intake_blueprint(intake: Intake) -> Blueprint:
     """The blueprint serving ``POST /hooks/<source>`` through Quart (what the door passes on: ``Intake``)."""
@@ -103,6 +112,8 @@ class Intake:
         self._deps = deps
         self._admission = admission
         self._batcher = StoreBatcher(deps.db)
+        #: the total deadline of a delivery once its body is read (``DELIVERY_SECONDS``)
+        self.deadline_seconds = DELIVERY_SECONDS
 
     async def not_found(self, source: str) -> Response:
         """The Quart route behind the door: what it passes on is a delivery to an unknown source, 404."""
@@ -115,8 +126,12 @@ class Intake:
             log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
         return error_response(404, "unknown source")
 
-    async def deliver(self, src: Source, headers: Headers, body: bytes) -> Answer:
+    async def deliver(self, src: Source, headers: Headers, body: bytes, gone: Gone | None = None) -> Answer | None:
         """Handle one delivery to ``src`` (module docstring: checks, order, answers).
+
+        ``gone`` returns once the sender has disconnected (the door waits on its ASGI
+        ``receive``): a delivery still waiting for the database then is withdrawn, one
+        already sent is stored all the same, and there is no answer (None).
 
         ``headers`` as ``request_headers`` gives them. The source's ``verify`` always
         runs, also for a delivery the door let in on ``verify_headers``: that is an
@@ -125,6 +140,7 @@ class Intake:
         cannot be half verified (for Telegram it is one more digest compare).
         """
         started = time.perf_counter()
+        deadline = trio.current_time() + self.deadline_seconds
         try:
             src.verify(headers, body, time.time())
         except VerificationError as exc:
@@ -142,11 +158,21 @@ class Intake:
         dedup_key, jobs, parse_error = await self._parse(src, headers, body, text)
         stored = {k: v for k, v in headers.items() if k not in src.secret_headers and k not in ALWAYS_SECRET_HEADERS}
         try:
-            refusal = await self._admission_refusal(src, jobs)
+            with trio.move_on_at(deadline) as before_store:  # the recipient's count may wait too
+                refusal = await self._admission_refusal(src, jobs)
+                if refusal is None:
+                    params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
+            if before_store.cancelled_caught:
+                raise DatabaseUnavailable("the admission checks took past the delivery's deadline")
             if refusal is not None:
                 return refusal
-            params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
-            event_id, created = await self._batcher.store(params)
+            event_id, created = await self._batcher.store(params, deadline, gone)
+        except SenderGone as exc:
+            # no answer, so not counted; a delivery already sent is stored all the same
+            outcome = "sent" if exc.sent else "withdrawn"
+            log.info("webhook %s: its sender disconnected before the answer", outcome,
+                     extra={"source": src.name, "outcome": outcome})
+            return None
         except DatabaseUnavailable as exc:
             self._deps.metrics.db_up.set(0)
             return self._reject(src.name, 503, "database unavailable", str(exc), level=logging.WARNING)

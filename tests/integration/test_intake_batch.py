@@ -410,3 +410,100 @@ async def test_a_hop_whose_connection_drops_after_commit_answers_202_for_what_it
         assert {n: r[0] for n, r in results.items()} == {n: i for i, n in stored.items()}
         assert all(r[1] == 1 for r in results.values())
         assert await count_rows(db, "jobs") == len(results)
+
+
+# --- a sender that leaves, a database that does not answer: the intake's deadline ---------
+
+
+def telegram_request(n: int) -> bytes:
+    """A whole HTTP/1.1 request delivering Telegram update ``n`` (for a raw socket)."""
+    body = json.dumps({"update_id": n, "message": {"message_id": n, "chat": {"id": n, "type": "private"},
+                                                 "text": f"#{n}"}}).encode()
+    return (f"POST /hooks/telegram HTTP/1.1\r\nHost: t\r\nX-Telegram-Bot-Api-Secret-Token: {TELEGRAM_SECRET}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def stored_updates(db: Any) -> set[str]:
+    return {row["dedup_key"] for row in await db.fetch_all("select dedup_key from events")}
+
+
+async def test_a_sender_that_disconnects_before_its_delivery_reaches_the_database_is_not_stored(
+    db: Any, dsn: str,
+) -> None:
+    """Two senders leave while the database is held (a lock on events): the one whose delivery
+    is in the hop in flight is stored all the same (it was sent), the one still queued behind
+    it is withdrawn; nobody gets an answer, and the intake serves on."""
+    async with running_app(db) as app:
+        batcher = app.app.asgi_app.intake._batcher
+        async with events_locked(dsn):
+            first = await trio.open_tcp_stream("127.0.0.1", app.port)
+            await first.send_all(telegram_request(1))
+            await waiting_on_events_lock(db, 1)  # its hop is in flight, held by the lock
+            second = await trio.open_tcp_stream("127.0.0.1", app.port)
+            await second.send_all(telegram_request(2))
+            with trio.fail_after(5):
+                await wait_queued(batcher, 1)
+            await first.aclose()
+            await second.aclose()
+            with trio.fail_after(5):
+                while batcher.queued:  # the second left the queue once its sender was gone
+                    await trio.sleep(0.005)
+        with trio.fail_after(5):
+            while batcher.hops_run < 1 or await count_rows(db, "events") < 1:
+                await trio.sleep(0.01)
+        response = await app.client.post("/hooks/telegram", content=telegram_request(3).split(b"\r\n\r\n")[1],
+                                          headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET})
+        assert response.status_code == 202
+        assert batcher.hops_run == 2  # the held one, then the third: the second never went
+    assert await stored_updates(db) == {"1", "3"}
+
+
+async def test_a_delivery_the_database_does_not_store_within_its_deadline_gets_503_and_is_not_stored(
+    db: Any, dsn: str,
+) -> None:
+    """The database holds every delivery (a lock on events) past the intake's deadline: the one
+    in the hop in flight is cancelled there, the one queued behind it leaves the queue; both
+    get 503 (nothing was stored: the hop's commit record says so) well before the lock goes."""
+    headers = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+    answers: dict[int, tuple[int, Any, float]] = {}
+    async with running_app(db) as app:
+        intake = app.app.asgi_app.intake
+        intake.deadline_seconds = 1.0  # 10 s in production
+
+        async def send(n: int) -> None:
+            started = trio.current_time()
+            body = telegram_request(n).split(b"\r\n\r\n")[1]
+            response = await app.client.post("/hooks/telegram", content=body, headers=headers)
+            answers[n] = (response.status_code, response.json(), trio.current_time() - started)
+
+        async with events_locked(dsn):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send, 1)
+                await waiting_on_events_lock(db, 1)
+                nursery.start_soon(send, 2)
+                with trio.fail_after(5):
+                    await wait_queued(intake._batcher, 1)
+            # both answered while the lock is still held: bounded by the deadline, not by the database
+            assert {n: a[:2] for n, a in answers.items()} == {
+                n: (503, {"error": "database unavailable"}) for n in (1, 2)}, answers
+            assert all(a[2] < 8 for a in answers.values()), answers
+        assert await count_rows(db, "events") == 0
+        await send(3)  # the lock is gone: the intake stores again
+        assert answers[3][0] == 202
+    assert await stored_updates(db) == {"3"}
+
+
+async def test_a_hop_cancelled_at_its_deadline_that_had_committed_answers_with_what_it_stored(dsn: str) -> None:
+    """The hop's statement commits but its answer comes late (a proxy holds it back past the
+    deadline): the cancelled hop's commit record shows it was stored, so the sender gets its
+    event id, not a 503 that would make it deliver again."""
+    from tests.support.pg_proxy import pg_proxy
+
+    async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
+        batcher = StoreBatcher(db)
+        proxy.hold_after_commit(b"insert into events", 2.5)  # the hop gets at least MIN_HOP_SECONDS (1 s)
+        outcome = await batcher.store(params(1), trio.current_time() + 0.2)
+        assert proxy.holds == 1
+        rows = await db.fetch_all("select id, body from events")
+        assert [(row["id"], json.loads(row["body"])) for row in rows] == [(outcome[0], {"n": 1})]
+        assert outcome[1] == 1

@@ -12,6 +12,11 @@ ReadyForQuery message: an implicit transaction has committed by then), the
 connection is closed on both sides. The client sees its connection lost
 mid-statement, though the statement committed: exactly the case a client must not
 answer as "nothing stored". ``proxy.cuts`` counts the connections cut so.
+
+``proxy.hold_after_commit(marker, seconds)``: the same, but instead of cutting the
+connection the held answer is forwarded ``seconds`` after ReadyForQuery (``proxy.holds``
+counts them): a statement that committed while its client, past its deadline, had
+cancelled it.
 """
 
 from __future__ import annotations
@@ -32,12 +37,20 @@ class PgProxy:
     def __init__(self, host: str, port: int) -> None:
         self._host, self._port = host, port
         self._marker: bytes | None = None
+        self._hold: float | None = None  # cut_after_commit: None; hold_after_commit: the seconds
         self.cuts = 0
+        self.holds = 0  # answers held back and then forwarded (hold_after_commit)
         self.dsn = ""
 
     def cut_after_commit(self, marker: bytes) -> None:
         """Cut the connection that next sends ``marker``, once the server finished that statement."""
         self._marker = marker
+        self._hold = None
+
+    def hold_after_commit(self, marker: bytes, seconds: float) -> None:
+        """Hold back the answer of the statement that next sends ``marker`` until ``seconds`` after it ended."""
+        self._marker = marker
+        self._hold = seconds
 
     async def handle(self, client: trio.SocketStream) -> None:
         """Forward one client connection (serve_listeners calls it)."""
@@ -49,32 +62,34 @@ class PgProxy:
         except OSError:
             await client.aclose()
             return
-        cut = trio.Event()  # this connection sent the marker: hold back and cut at ReadyForQuery
+        mark = _Mark()  # this connection sent the marker: hold back its answer
         async with client, server, trio.open_nursery() as nursery:
-            nursery.start_soon(self._upstream, client, server, cut, nursery.cancel_scope)
-            nursery.start_soon(self._downstream, server, client, cut, nursery.cancel_scope)
+            nursery.start_soon(self._upstream, client, server, mark, nursery.cancel_scope)
+            nursery.start_soon(self._downstream, server, client, mark, nursery.cancel_scope)
 
-    async def _upstream(self, client: trio.abc.Stream, server: trio.abc.Stream, cut: trio.Event,
+    async def _upstream(self, client: trio.abc.Stream, server: trio.abc.Stream, mark: _Mark,
                         scope: trio.CancelScope) -> None:
         try:
             async for chunk in client:
                 if self._marker is not None and self._marker in chunk:
                     self._marker = None
-                    cut.set()
+                    mark.active, mark.hold = True, self._hold
                 await server.send_all(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
 
-    async def _downstream(self, server: trio.abc.Stream, client: trio.abc.Stream, cut: trio.Event,
+    async def _downstream(self, server: trio.abc.Stream, client: trio.abc.Stream, mark: _Mark,
                           scope: trio.CancelScope) -> None:
-        pending = b""
+        held = b""  # the marked statement's answer so far
+        pending = b""  # of which not yet parsed into messages
         try:
             async for chunk in server:
-                if not cut.is_set():
+                if not mark.active:
                     await client.send_all(chunk)
                     continue
-                # the marked statement's answer: read message by message, forward nothing
+                # the marked statement's answer: read message by message, forward nothing yet
+                held += chunk
                 pending += chunk
                 while len(pending) >= 5:
                     kind = pending[:1]
@@ -82,13 +97,29 @@ class PgProxy:
                     if len(pending) < 1 + length:
                         break
                     pending = pending[1 + length:]
-                    if kind == b"Z":  # ReadyForQuery: the statement (and its commit) is over
+                    if kind != b"Z":
+                        continue
+                    # ReadyForQuery: the statement (and its commit) is over
+                    if mark.hold is None:
                         self.cuts += 1
                         scope.cancel()
                         return
+                    await trio.sleep(mark.hold)
+                    self.holds += 1
+                    await client.send_all(held)
+                    mark.active, held, pending = False, b"", b""
+                    break
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
+
+
+class _Mark:
+    """Whether a connection's answers are being held back (it sent the marker), and how."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.hold: float | None = None
 
 
 @asynccontextmanager
