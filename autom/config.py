@@ -58,6 +58,8 @@ class Settings:
     job_lease_seconds: float = 60.0
     retry_base_seconds: float = 10.0
     retry_max_seconds: float = 3600.0
+    # a job whose sends Telegram keeps refusing (429) fails for good after this long (autom.errors.Defer)
+    max_defer_seconds: float = 3600.0
     http_timeout_seconds: float = 10.0
     shutdown_grace_seconds: float = 50.0
     max_body_bytes: int = 1048576
@@ -132,6 +134,7 @@ class Settings:
         positive = {
             "WORKERS": self.workers, "JOB_LEASE_SECONDS": self.job_lease_seconds,
             "RETRY_BASE_SECONDS": self.retry_base_seconds, "RETRY_MAX_SECONDS": self.retry_max_seconds,
+            "MAX_DEFER_SECONDS": self.max_defer_seconds,
             "HTTP_TIMEOUT_SECONDS": self.http_timeout_seconds, "MAX_BODY_BYTES": self.max_body_bytes,
             "QUEUE_LAG_ALERT_SECONDS": self.queue_lag_alert_seconds,
             "CONSOLE_SESSION_HOURS": self.console_session_hours,

@@ -126,7 +126,15 @@ class Defer(JobError):
     The job goes back to pending at now + ``after`` with its attempt given back; no
     error is recorded as a failure and no alert is sent (a send limiter that is out
     of tokens raises it). It keeps its place in its recipient's order.
+
+    ``refused`` (set by the Telegram client when Telegram answered 429, not part of
+    the constructor): the remote service refused the work itself. Such deferrals are
+    bounded: a job still refused MAX_DEFER_SECONDS after the first of them (waits in
+    between do not reset the count; a retry or completion does) fails for good with
+    the usual alert, instead of deferring for ever.
     """
+
+    refused = False
 
     def __init__(self, message: str = "deferred", *, after: float) -> None:
         super().__init__(message)

@@ -143,6 +143,7 @@ async def run_service(
                 db,
                 lease_seconds=settings.job_lease_seconds,
                 retry=RetryPolicy(base=settings.retry_base_seconds, cap=settings.retry_max_seconds),
+                max_defer_seconds=settings.max_defer_seconds,
             )
             deps = Deps(
                 settings=settings, db=db, store=store, sources=registry.sources,

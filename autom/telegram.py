@@ -152,7 +152,9 @@ class TelegramClient:
                 if limiter is None:
                     raise
                 await limiter.pushed(chat_id, exc.after)
-                raise Defer(f"{exc}; chat {chat_id} holds its sends", after=exc.after) from None
+                refused = Defer(f"{exc}; chat {chat_id} holds its sends", after=exc.after)
+                refused.refused = True  # bounded by MAX_DEFER_SECONDS (jobs/store.py: decide)
+                raise refused from None
             result = body.get("result")
         return result if isinstance(result, dict) else {"result": result}
 

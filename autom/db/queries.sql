@@ -208,16 +208,34 @@ from line l, sync;
 --   retry     back to pending at now + delay, the error recorded (the attempt counts)
 --   failed    failed for good (the jobs_failed_alert trigger records its alert)
 --   released  back to pending at once, the attempt not counted (shutdown); run_at kept
---   deferred  back to pending at now + delay, the attempt not counted, no error (Defer)
+--   deferred  back to pending at now + delay, the attempt not counted, no error (Defer);
+--             but a refused deferral (Defer.refused: Telegram's 429) of a job that would
+--             then still be deferred more than max_defer seconds (MAX_DEFER_SECONDS)
+--             after its first refusal in a row (deferred_since, migrations/0018) fails
+--             it for good instead ("expired": the attempt counts, the error says why)
 -- A job that waits (retry, deferred) keeps its place in its recipient's order:
 -- queued_at keeps the run_at it was first queued for (migrations/0006).
-with t as (
+with u as (
     select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[],
-                         %(errors)s::text[], %(delays)s::float8[]) as t (id, lease, outcome, error, delay)
+                         %(errors)s::text[], %(delays)s::float8[], %(refused)s::boolean[])
+                   as u (id, lease, outcome, error, delay, refused)
+),
+t as (
+    select u.id, u.lease, u.delay, u.refused,
+           case when x.expired then 'expired' else u.outcome end as outcome,
+           case when x.expired then format('deferred for more than %%s s (MAX_DEFER_SECONDS): %%s',
+                                           %(max_defer)s::float8, u.error)
+                else u.error end as error
+      from u join jobs j on j.id = u.id
+     cross join lateral (
+         select u.outcome = 'deferred' and u.refused
+                and coalesce(j.deferred_since, now()) + make_interval(secs => %(max_defer)s::float8)
+                    < now() + make_interval(secs => u.delay) as expired
+     ) x
 ),
 f as (
     update jobs j
-       set status = case when t.outcome = 'failed' then 'failed' else 'pending' end,
+       set status = case when t.outcome in ('failed', 'expired') then 'failed' else 'pending' end,
            attempts = case when t.outcome in ('released', 'deferred') then greatest(j.attempts - 1, 0)
                            else j.attempts end,
            queued_at = case when t.outcome in ('retry', 'deferred') then coalesce(j.queued_at, j.run_at)
@@ -227,11 +245,17 @@ f as (
            last_error = case t.outcome when 'deferred' then j.last_error
                                        when 'released' then coalesce(t.error, j.last_error)
                                        else t.error end,
-           finished_at = case when t.outcome = 'failed' then now() else j.finished_at end,
+           -- a refused deferral starts the clock (or keeps it); a limiter's wait in
+           -- between neither starts nor stops it; a retry (the job ran into something
+           -- else) starts afresh
+           deferred_since = case when t.outcome = 'deferred' and t.refused then coalesce(j.deferred_since, now())
+                                 when t.outcome = 'retry' then null
+                                 else j.deferred_since end,
+           finished_at = case when t.outcome in ('failed', 'expired') then now() else j.finished_at end,
            updated_at = now()
       from t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'
-    returning j.id, j.recipient, j.run_at, j.locked_until, j.status,
+    returning j.id, j.recipient, j.run_at, j.locked_until, j.status, j.last_error,
               coalesce(j.queued_at, j.run_at) as place
 ),
 line as (
@@ -266,7 +290,7 @@ free as (
       from line l where r.recipient = l.recipient
 ),
 wake as (select pg_notify('autom_jobs', '') from f where f.status = 'pending' and f.run_at <= now() limit 1)
-select f.id, f.status, f.run_at from f, (select count(*) from wake) w;
+select f.id, f.status, f.run_at, f.last_error from f, (select count(*) from wake) w;
 
 -- name: renew_many
 -- Extend the leases this process holds; returns the claims still held (a missing

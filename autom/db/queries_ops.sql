@@ -50,7 +50,7 @@ limit 1000;
 -- this update left them: a worker may claim a job the moment it commits.
 with r as (
     update jobs set status = 'pending', attempts = 0, run_at = now(), finished_at = null,
-                    locked_until = null, updated_at = now()
+                    locked_until = null, deferred_since = null, updated_at = now()
      where id = any (%(ids)s::bigint[]) and status = any (%(statuses)s::text[])
     returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
               recipient, payload, created_at, updated_at, finished_at

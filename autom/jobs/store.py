@@ -56,6 +56,10 @@ from autom.jobs.retry import RetryPolicy, describe, is_final
 if TYPE_CHECKING:
     from autom.db.bridge import Conn, Database, Tx
 
+#: Default of MAX_DEFER_SECONDS: how long a job's refused deferrals (Telegram's 429s)
+#: may last in a row before it fails for good (``Defer.refused``, migrations/0018).
+MAX_DEFER_SECONDS = 3600.0
+
 
 def _json_safe(value: Any) -> Any:
     """Replace NUL characters, which PostgreSQL's jsonb cannot store, with U+FFFD."""
@@ -125,20 +129,25 @@ class Settle:
     (for good; its alert is recorded with it), ``released`` (pending at once, the attempt
     not counted: shutdown) or ``deferred`` (pending at now + ``delay``, the attempt not
     counted, no error recorded: ``Defer``). ``error``: the one-line ``last_error``.
+    ``refused``: a deferral the remote service asked for (``Defer.refused``: Telegram's
+    429), bounded by ``JobStore.max_defer_seconds``.
     """
 
     job: Job
     outcome: Literal["retry", "failed", "released", "deferred"]
     error: str | None = None
     delay: float = 0.0
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """What a settled claim's job became: ``pending`` (``run_at`` = next try) or ``failed``."""
+    """What a settled claim's job became: ``pending`` (``run_at`` = next try) or ``failed``
+    (``error``: its last_error; a refused deferral past MAX_DEFER_SECONDS fails too)."""
 
     status: str
     run_at: datetime | None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,10 +175,13 @@ class JobStore:
         lease_seconds: float = 60.0,
         retry: RetryPolicy | None = None,
         rand: Callable[[], float] = random.random,
+        max_defer_seconds: float = MAX_DEFER_SECONDS,
     ) -> None:
         self.db = db
         self.lease_seconds = float(lease_seconds)
         self.retry = retry or RetryPolicy()
+        #: how long a job's refused deferrals may last in a row before it fails (MAX_DEFER_SECONDS)
+        self.max_defer_seconds = float(max_defer_seconds)
         self._rand = rand
         # the claims of one and of two jobs: the batch claim with n and the lease written
         # in. Without parameters, PostgreSQL plans a prepared statement once, for that
@@ -235,13 +247,15 @@ class JobStore:
         """What a run that ended with ``error`` does to its job (pure but for the jitter).
 
         ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
-        attempt given back, no error recorded. A ``PermanentError`` or the last attempt:
+        attempt given back, no error recorded (a refused one, ``Defer.refused``, fails
+        for good in ``settle_many`` once the job's refusals have lasted
+        ``max_defer_seconds``). A ``PermanentError`` or the last attempt:
         ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
         429's ``retry_after``; ``retry``: the job's kind's own policy, else the store's).
         """
         if isinstance(error, Defer):
             ceiling = max(self.retry.cap, self.retry.after_ceiling)
-            return Settle(job, "deferred", describe(error), min(error.after, ceiling))
+            return Settle(job, "deferred", describe(error), min(error.after, ceiling), refused=error.refused)
         text = describe(error)
         exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
         if is_final(exc, job.attempts, job.max_attempts):
@@ -259,9 +273,11 @@ class JobStore:
             "outcomes": [i.outcome for i in items],
             "errors": [i.error for i in items],
             "delays": [i.delay for i in items],
+            "refused": [i.refused for i in items],
+            "max_defer": self.max_defer_seconds,
         }
         rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)
-        return {row["id"]: Settled(row["status"], row["run_at"]) for row in rows}
+        return {row["id"]: Settled(row["status"], row["run_at"], row["last_error"]) for row in rows}
 
     async def complete_in(self, tx: Tx, job: Job) -> bool:
         """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at

@@ -293,7 +293,8 @@ async def open_testbed(
         stack.push_async_callback(telegram_client.aclose)
         http = await stack.enter_async_context(BoundedHTTP(deadline=config.http_timeout_seconds))
         store = JobStore(db, lease_seconds=config.job_lease_seconds,
-                         retry=RetryPolicy(base=config.retry_base_seconds, cap=config.retry_max_seconds))
+                         retry=RetryPolicy(base=config.retry_base_seconds, cap=config.retry_max_seconds),
+                         max_defer_seconds=config.max_defer_seconds)
         deps = Deps(settings=config, db=db, store=store,
                     sources=registry.sources, telegram=telegram_client, registry=registry, http=http)
         nursery = await stack.enter_async_context(trio.open_nursery())

@@ -490,6 +490,9 @@ class WorkerPool:
         if settled is None:
             log.warning("job %s but its lease was lost: %s", status, error, extra=context)
             return
+        if settled.status == "failed" and status == "deferred":
+            # refused (Telegram's 429) for longer than MAX_DEFER_SECONDS: failed for good
+            status, error = "failed", settled.error
         self.deps.metrics.job_attempts.labels(job.kind, status).inc()
         if status == "failed":
             log.error("job failed for good: %s", error, extra=context)

@@ -15,7 +15,7 @@ import httpx
 import trio
 
 from tests.support.processes import autom_processes
-from tests.support.service import TG_SECRET, post_telegram, telegram_update, wait_until
+from tests.support.service import ALERT_CHAT, TG_SECRET, post_telegram, telegram_update, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
 
 
@@ -109,3 +109,33 @@ async def test_chatid_is_answered_with_the_chats_id(
         proc.terminate()
         assert await proc.wait(timeout=20) == 0
     assert call.params["text"].startswith("This chat's id is -100555")
+
+
+async def test_a_chat_telegram_refuses_for_ever_fails_for_good_after_max_defer_seconds_with_an_alert(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    """Telegram answers 429 to every send to chat 42: the pong is deferred (not failed)
+    each time, until it has been refused for MAX_DEFER_SECONDS; then it fails for good and
+    the usual failure alert reaches the alert chat. Before, it deferred for ever, silently."""
+    telegram_stub.plan("sendMessage", [Reply(status=429, retry_after=1)] * 100, chat_id=42)
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, MAX_DEFER_SECONDS="3")
+        async with httpx.AsyncClient(base_url=proc.url) as client:
+            assert (await post_telegram(client, telegram_update(1, 42, "/ping"))).status_code == 202
+        with trio.fail_after(30):
+            (alert,) = await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=ALERT_CHAT)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    refused = telegram_stub.calls_of("sendMessage", chat_id=42)
+    # about one a second until the next try would come more than 3 s after the first refusal
+    assert 2 <= len(refused) <= 6, [c.time for c in refused]
+    assert refused[-1].time - refused[0].time >= 3 - 1.0 - 0.3, [c.time for c in refused]
+    (job,) = await db.fetch_all(
+        "select status, attempts, last_error from jobs where kind = 'telegram.message'")
+    assert job["status"] == "failed"
+    assert job["last_error"].startswith(
+        "deferred for more than 3 s (MAX_DEFER_SECONDS): Defer: telegram sendMessage: HTTP 429"), job
+    assert job["attempts"] == 1  # the refusals before the last were deferrals, not attempts
+    assert "telegram.message" in alert.params["text"]
+    log = proc.log_text()
+    assert "job failed for good: deferred for more than 3 s" in log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import trio
 
@@ -275,6 +276,62 @@ async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db)
     assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 1, "RuntimeError: 502")
     assert 29 <= row["wait"].total_seconds() <= 30
     assert await db.fetch_val("select count(*) from alerts") == 0
+
+
+def refused(after: float) -> Any:
+    """A deferral after Telegram's 429, as the Telegram client raises it."""
+    from autom.errors import Defer
+
+    defer = Defer("telegram sendMessage: HTTP 429", after=after)
+    defer.refused = True
+    return defer
+
+
+async def test_refused_deferrals_fail_the_job_for_good_once_they_have_lasted_max_defer_seconds(db):
+    """The clock starts at the first refusal; a limiter's wait in between neither starts nor
+    stops it; once a refusal would leave the job deferred past the bound, it fails for good
+    (its attempt counted, its alert recorded) instead of deferring again."""
+    from autom.errors import Defer
+
+    store = JobStore(db, retry=RetryPolicy(base=0.05, cap=1.0), max_defer_seconds=2.0)
+    job_id = await store.enqueue(NewJob("send", recipient="chat"))
+
+    async def settle(error: Exception) -> dict[str, Any]:
+        job = await wait_for_claim(store)
+        await store.settle_many([store.decide(job, error)])
+        return await db.fetch_one(
+            "select status, attempts, last_error, deferred_since, extract(epoch from now() - deferred_since) as age"
+            " from jobs where id = %s", [job_id])
+
+    waited = await settle(Defer("chat limit", after=0))  # the limiter's wait: no clock
+    assert (waited["status"], waited["deferred_since"]) == ("pending", None)
+    first = await settle(refused(0))
+    assert first["status"] == "pending" and first["deferred_since"] is not None
+    await trio.sleep(0.5)
+    assert (await settle(Defer("chat limit", after=0)))["deferred_since"] == first["deferred_since"]
+    again = await settle(refused(0.1))
+    assert again["status"] == "pending", again  # well within 2 s of the first refusal
+    await trio.sleep(max(0.0, 2.2 - float(again["age"])))
+    failed = await settle(refused(0))  # over 2 s after the first refusal
+    assert (failed["status"], failed["attempts"]) == ("failed", 1)
+    assert failed["last_error"] == (
+        "deferred for more than 2 s (MAX_DEFER_SECONDS): Defer: telegram sendMessage: HTTP 429")
+    assert await db.fetch_val("select count(*) from alerts where job_id = %s", [job_id]) == 1
+
+
+async def test_a_refusal_that_would_wait_past_the_bound_fails_at_once_and_a_retry_restarts_the_clock(db):
+    store = JobStore(db, retry=RetryPolicy(base=0.05, cap=1.0), max_defer_seconds=5.0)
+    job_id = await store.enqueue(NewJob("send"))
+    job = await wait_for_claim(store)
+    await store.settle_many([store.decide(job, refused(1))])
+    job = await wait_for_claim(store)
+    await store.fail(job, RuntimeError("502"))  # ran into something else: a new run of refusals later
+    assert await db.fetch_val("select deferred_since from jobs where id = %s", [job_id]) is None
+    await db.execute("update jobs set run_at = now() where id = %s", [job_id])
+    job = await wait_for_claim(store)
+    settled = await store.settle_many([store.decide(job, refused(10))])  # 10 s > 5 s: no point waiting
+    assert settled[job_id].status == "failed"
+    assert settled[job_id].error is not None and settled[job_id].error.startswith("deferred for more than 5 s")
 
 
 async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_recipient(db):

@@ -1,0 +1,13 @@
+-- 0018: a bound on deferrals. A job that raises Defer (autom.errors) goes back to
+-- pending with its attempt given back and no error: the Telegram send limiter does
+-- so while a chat must wait, and after a 429. Telegram answering 429 for ever made
+-- such a job defer for ever, with no alert. Now the first deferral of a run of them
+-- records when it began; settle_many (autom/db/queries.sql) fails the job for good
+-- (status 'failed': jobs_failed_alert records its alert, jobs_attempt_log its
+-- attempt) once it would still be deferred more than MAX_DEFER_SECONDS after that.
+-- Any other outcome of a run (a retry) starts the count afresh, as does a retry from
+-- the console or the admin API.
+--
+-- NULL: the job is not in a run of deferrals (every row before this migration). A
+-- nullable column without a default: no table rewrite.
+alter table jobs add column deferred_since timestamptz;
