@@ -32,9 +32,14 @@ does not limit concurrency itself: the caller holds a slot of a
 with its threaded pool), so there is always an idle connection or room to open
 one. Idle connections are kept most-recently-used first (warm backends and
 prepared statements); those idle longer than ``max_idle`` are closed when the pool
-is above ``min_size``. A connection whose socket has something to read while idle
-(a server restart or ``pg_terminate_backend`` leaves EOF/FATAL there) is closed
-when found, and its idle siblings are checked the same way.
+is above ``min_size``. A connection older than ``max_lifetime`` (an hour, less up to
+5 % so that they do not all go at once; psycopg_pool's default, which the threaded
+pool keeps) is closed when it is given back or found idle, whatever the pool's
+size: a backend's memory (caches, prepared plans) only grows, and a server-side
+setting changed meanwhile reaches a pool only through new connections. A
+connection whose socket has something to read while idle (a server restart or
+``pg_terminate_backend`` leaves EOF/FATAL there) is closed when found, and its idle
+siblings are checked the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import select
 from collections import deque
 from collections.abc import Generator
@@ -65,6 +71,8 @@ RV = TypeVar("RV")
 
 # How long a cancelled statement may take to stop on the server (cancel request + its answer).
 CANCEL_GRACE_SECONDS: Final = 5.0
+#: Longest a pooled connection is used (TrioPool): psycopg_pool's default max_lifetime.
+MAX_LIFETIME_SECONDS: Final = 3600.0
 
 _WAIT_R: Final = Wait.R
 _WAIT_W: Final = Wait.W
@@ -216,6 +224,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         self.adapters.register_loader("jsonb", _JsonbLoader)
         self.adapters.register_loader("json", _JsonLoader)
         self.last_used = 0.0  # trio time it was last given back to a pool
+        self.expires_at = math.inf  # trio time after which a pool closes it (TrioPool: max_lifetime)
         self.prepared_here: set[str] = set()  # statements run with prepare=True on it (autom.db.bridge)
 
     @classmethod
@@ -369,6 +378,7 @@ class TrioPool:
         min_size: int,
         max_size: int,
         max_idle: float = 600.0,
+        max_lifetime: float = MAX_LIFETIME_SECONDS,
         reconnect_pause: float = 0.05,
     ) -> None:
         self._conninfo = conninfo
@@ -376,6 +386,7 @@ class TrioPool:
         self.min_size = min_size
         self.max_size = max_size
         self.max_idle = max_idle
+        self.max_lifetime = max_lifetime
         self._reconnect_pause = reconnect_pause
         self._idle: deque[TrioConnection] = deque()  # the right end is the most recently used
         self._size = 0  # open + being opened
@@ -425,6 +436,9 @@ class TrioPool:
             raise e.OperationalError("the connection pool is closed")
         while self._idle:
             conn = self._idle.pop()
+            if conn.expires_at <= trio.current_time():
+                self._drop(conn)  # past max_lifetime
+                continue
             if conn.pgconn.status == ConnStatus.OK and not has_unread_input(conn):
                 return conn
             # Dead (server restarted, backend terminated): nothing was sent on it yet.
@@ -447,12 +461,12 @@ class TrioPool:
 
     def give_back(self, conn: TrioConnection) -> None:
         """Return a borrowed connection: kept when clean, else closed."""
-        if self._closed or not conn.clean:
+        now = trio.current_time()
+        if self._closed or not conn.clean or conn.expires_at <= now:
             if conn.pgconn.status != ConnStatus.OK:
                 self.sweep()  # a lost connection: its idle siblings may be dead too
             self._drop(conn)
             return
-        now = trio.current_time()
         conn.last_used = now
         idle = self._idle
         idle.append(conn)
@@ -485,6 +499,8 @@ class TrioPool:
             self.connect_failures += 1
             raise
         self.connects += 1
+        # up to 5 % early, as psycopg_pool does: connections opened together do not all expire together
+        conn.expires_at = trio.current_time() + self.max_lifetime * (1.0 - 0.05 * random.random())
         return conn
 
     def _drop(self, conn: TrioConnection) -> None:

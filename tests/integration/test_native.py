@@ -305,6 +305,46 @@ async def test_pool_retires_connections_idle_too_long(empty_dsn: str) -> None:
     assert pool.size == 0
 
 
+async def test_pool_closes_connections_older_than_max_lifetime(empty_dsn: str) -> None:
+    """A connection is used for at most max_lifetime (psycopg_pool recycled its connections
+    after an hour; the native pool kept its first ones for ever): past it, one given back
+    is closed, and one found idle is closed instead of lent, also at min_size."""
+    name = unique_name("life")
+    pool = TrioPool(empty_dsn, {"application_name": name}, min_size=1, max_size=2, max_lifetime=1.5)
+    assert TrioPool(empty_dsn, {}, min_size=0, max_size=1).max_lifetime == 3600  # the default: psycopg_pool's
+
+    async def pid(conn: TrioConnection) -> int:
+        cursor = await conn.execute("select pg_backend_pid() as pid")
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row["pid"])
+
+    await pool.open()
+    try:
+        first = await pool.borrow(trio.current_time() + 5)
+        first_pid = await pid(first)
+        pool.give_back(first)
+        again = await pool.borrow(trio.current_time() + 5)
+        assert await pid(again) == first_pid  # young: lent again
+        await trio.sleep(1.6)
+        pool.give_back(again)  # past its lifetime while borrowed: closed on its way back
+        assert (pool.size, pool.available, pool.discarded) == (0, 0, 1)
+        fresh = await pool.borrow(trio.current_time() + 5)
+        fresh_pid = await pid(fresh)
+        assert fresh_pid != first_pid
+        pool.give_back(fresh)
+        await trio.sleep(1.6)  # past its lifetime while idle: closed when found, a new one lent
+        newest = await pool.borrow(trio.current_time() + 5)
+        assert await pid(newest) not in (first_pid, fresh_pid)
+        assert pool.discarded == 2 and pool.connects == 3
+        pool.give_back(newest)
+        with trio.fail_after(5):  # the server saw the old ones go
+            while {row[0] for row in await backends(empty_dsn, name)} & {first_pid, fresh_pid}:
+                await trio.sleep(0.02)
+    finally:
+        pool.close()
+
+
 async def test_listen_retries_a_refusing_server_until_cancelled(caplog: pytest.LogCaptureFixture) -> None:
     from autom.db.listen import serve_notifications
 
