@@ -212,9 +212,9 @@ def install_probes(batch: int | None, pool_kwargs: dict[str, Any] | None = None)
     now = time.perf_counter
 
     class ProbeStore(JobStore):
-        async def claim(self, n: int = 1) -> list[Any]:
+        async def claim(self, n: int = 1, **kwargs: Any) -> list[Any]:  # durable= (not in an older autom)
             t0 = now()
-            jobs = await super().claim(n)
+            jobs = await super().claim(n, **kwargs)
             t1 = now()
             probe["claim_s"] += t1 - t0
             probe["claims"] += 1

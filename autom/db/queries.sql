@@ -43,8 +43,10 @@ select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
 -- skipped. The two lanes take turns (see pick), so a backlog in one cannot hold
 -- back the other. Each claim takes a new lease (autom_lease_next, migrations/0014:
 -- the next generation and 32 random bits, never a value an earlier claim of the job
--- had, even one lost in a crash) and counts an attempt. The claim commits
--- synchronously (unlike complete): see autom/jobs/store.py. A recipient whose line has nothing due is retired by the
+-- had, even one lost in a crash) and counts an attempt. %(durable)s false: the
+-- claim commits asynchronously, and the worker confirms it (confirm_claims) while its
+-- handlers start (autom/jobs/store.py: the idle path); true: the server's setting. A
+-- recipient whose line has nothing due is retired by the
 -- statement that ended its last claim (complete_many, settle_many: line_due), so
 -- the fair walk below does not trip over it; retire_idle sweeps up the few rows
 -- those could not retire (bench/RESULTS.md, Speed round two: walking the front of
@@ -117,8 +119,27 @@ mark as (
     update recipients r
        set busy_until = c.locked_until, busy_job = c.id, last_served = nextval('recipients_serve_seq')
       from claimed c where r.recipient = c.recipient
+),
+sync as (
+    -- for this statement's transaction only (set_config(..., true))
+    select set_config('synchronous_commit',
+                      case when %(durable)s then current_setting('synchronous_commit') else 'off' end, true)
 )
-select * from claimed order by run_at, id;
+select c.* from claimed c, sync order by c.run_at, c.id;
+
+-- name: confirm_claims
+-- Which of these claims (id, lease) are held, committed durably: a claim that commits
+-- asynchronously (claim, durable false) is lost if the server crashes before its WAL
+-- is flushed. This statement finds each claim still there (else it was lost, or has
+-- ended) and takes a KEY SHARE lock on its row: the lock is WAL-logged, so this
+-- transaction commits durably, and its flush covers every commit before it, the
+-- claims it found included. KEY SHARE does not wait for, nor hold back, the
+-- completion or renewal of the same rows (those take NO KEY UPDATE).
+select j.id from jobs j
+ where j.id = any (%(ids)s::bigint[])
+   and (j.id, j.lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
+   and j.status = 'running'
+   for key share of j;
 
 -- name: retire_idle
 -- Retire the recipients at the front of the fair order whose line has nothing due

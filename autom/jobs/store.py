@@ -14,24 +14,37 @@ lost completion leaves the job running under the same lease; it is claimed again
 when the lease expires and runs again, which at-least-once allows; the handler's
 effect was not lost, only its record.
 
-A claim lost in a crash (were it committed asynchronously) would leave the job as it was
-before it, so the next claim would take it again while the lost claim's worker
-may still run it. That next claim takes the same generation, but not the same lease
-value: the random low bits differ (but for 1 in 2^32), so every write of the lost
-claim (complete, settle, renew, a handler's transaction ending in ``complete_in``,
-``ctx.once``) is fenced off (tests/integration/test_lost_claim.py). With lease + 1
-it would have handed out the lost claim's value again.
+The worker's idle-path claim (one or two jobs, woken with nothing in hand) commits
+asynchronously too: its durable commit was ~0.5 ms of an idle job's enqueue →
+start (bench/RESULTS.md, Speed round three). A claim lost in a crash leaves the
+job as it was before it, so the next claim takes it again while the lost claim's
+worker may still hold it. Two things keep that harmless:
 
-Everything else keeps the server's setting: the claim, enqueue (the intake's
+- the fence: the next claim takes the same generation but not the same lease
+  value (the random low bits differ, but for 1 in 2^32; with lease + 1 it was the
+  same), so every write of the lost claim (complete, settle, renew, a handler's
+  transaction ending in ``complete_in``, ``ctx.once``) is fenced off
+  (tests/integration/test_lost_claim.py);
+- the confirmation: while its handlers start, the worker sends ``confirm`` for the
+  claim, a statement that finds the claims and commits durably after them (so they
+  are on disk once it answers). A claim it does not find was lost: its run is
+  stopped. If it cannot answer (the server is gone), the runs it was confirming
+  are stopped too, at once: a server that lost a claim must restart before anyone
+  can claim the job again, so a lost claim's run never goes on beside the next
+  one (autom/worker/pool.py).
+
+Batch claims (a backlog) keep the server's setting: one flush per batch of up to
+100 is cheap there (an asynchronous batch claim measured no faster, bench/RESULTS.md,
+Worker), and each would need a confirmation of as many rows.
+
+Everything else keeps the server's setting too: enqueue (the intake's
 202 promises the event and its jobs are on disk), ``settle_many`` (a failure's
 alert, a release at shutdown) and the renewal. A renewal lost in a crash would
 leave the worker's local deadline (autom/worker/run.py) later than the lease the
 database kept, and another claim could start the job while this run goes on; a
 renewal is one statement per lease/3 for all held claims, so durability costs
-nothing worth saving. A lost claim's run would go on beside the next claim's
-until its renewal found the claim gone: the claim stays durable. Whatever is
-committed after one of these writes durably (an enqueue, a claim) flushes it too:
-the WAL is written in order.
+nothing worth saving. Whatever is committed after one of these writes durably (an
+enqueue, a claim, a confirmation) flushes it too: the WAL is written in order.
 
 ``insert_jobs_sync`` takes the connection of a caller's transaction, so jobs can be
 created in it (``enqueue(job, tx)``: they commit or roll back with the caller's own
@@ -186,8 +199,10 @@ class JobStore:
         # the claims of one and of two jobs: the batch claim with n and the lease written
         # in. Without parameters, PostgreSQL plans a prepared statement once, for that
         # limit (with them, the first five runs on each connection are planned anew)
-        self._claim_few = {n: Q.claim.replace("%(n)s", str(n)).replace("%(lease_seconds)s", repr(self.lease_seconds))
-                           for n in (1, 2)}
+        self._claim_few = {(n, durable): Q.claim.replace("%(n)s", str(n))
+                           .replace("%(lease_seconds)s", repr(self.lease_seconds))
+                           .replace("%(durable)s", str(durable).lower())
+                           for n in (1, 2) for durable in (False, True)}
 
     async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
         """Create ``job``; returns its id, or None when a job with its key exists.
@@ -207,8 +222,12 @@ class JobStore:
         rows = await self.db.fetch_all(Q.enqueue_many, {"jobs": jobs_json(jobs)}, prepare=True)
         return [row["id"] for row in rows]
 
-    async def claim(self, n: int = 1) -> list[Job]:
+    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time).
+
+        ``durable`` False: the claim commits asynchronously (the worker's idle path), and
+        may be lost in a server crash; the caller confirms it (``confirm``) and stops the
+        runs it does not find confirmed (see the module docstring).
 
         One or two jobs (the worker's claim when it had nothing in hand and was woken)
         is the same statement with its limit and the lease written in, prepared: it is
@@ -217,12 +236,21 @@ class JobStore:
         1,000 recipients took 11-13 ms against 6 ms planned each time (bench/RESULTS.md,
         Worker); psycopg's default applies.
         """
-        few = self._claim_few.get(n)
+        few = self._claim_few.get((n, durable))
         if few is not None:
             rows = await self.db.fetch_all(few, prepare=True)
         else:
-            rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds})
+            rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds,
+                                                     "durable": durable})
         return _jobs(rows)
+
+    async def confirm(self, jobs: Iterable[Job]) -> set[int]:
+        """Which of these claims are held, now on disk: ids (``confirm_claims``: one durable
+        commit after them). A claim missing was lost in a crash, or its job has ended."""
+        jobs = list(jobs)
+        if not jobs:
+            return set()
+        return {row["id"] for row in await self.db.fetch_all(Q.confirm_claims, _claims(jobs), prepare=True)}
 
     async def retire_idle(self, n: int = 100) -> int:
         """Retire up to ``n`` recipients at the front of the fair order whose line has nothing

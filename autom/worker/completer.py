@@ -56,8 +56,12 @@ class QueueStore(Protocol):
     lease_seconds: float
     retry: RetryPolicy
 
-    async def claim(self, n: int = 1) -> list[Job]:
-        """Claim up to ``n`` due jobs."""
+    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+        """Claim up to ``n`` due jobs (``durable`` False: committed asynchronously, to be confirmed)."""
+        ...
+
+    async def confirm(self, jobs: Sequence[Job]) -> set[int]:
+        """The ids of these claims that are held, made durable by this call."""
         ...
 
     async def retire_idle(self, n: int = 100) -> int:

@@ -5,6 +5,7 @@ Inside the service nursery::
     WorkerPool.run
     ├── completer      the one writer: outcomes batched, leases renewed between flushes
     ├── stop watcher   wakes the fetcher when shutdown is set
+    ├── confirmer      makes the idle path's asynchronous claims durable, or stops their runs
     └── handler scope  (hard deadline at shutdown)
         ├── fetcher    keeps up to WORKERS + prefetch jobs claimed; waits on the doorbell when nothing is due
         └── WORKERS runners, each running one claimed job at a time, fed by a memory channel
@@ -57,6 +58,10 @@ from autom.worker.completer import CLEANUP_SECONDS, Completer, Outcome, QueueSto
 from autom.worker.run import Run, lease_margin
 
 log = logging.getLogger("autom.worker")
+
+
+#: how long the confirmation of an asynchronous claim may take before its runs are stopped
+CONFIRM_SECONDS = 5.0
 
 
 class HandlerTimeout(TransientError):
@@ -136,6 +141,8 @@ class WorkerPool:
         self._watch_bell = Doorbell()
         self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
         self._completer = Completer(self.store, self, renew_every=self.lease_seconds / 3)
+        self._confirm_bell = Doorbell()  # rung after an asynchronous (idle-path) claim
+        self.confirmations = 0
         self._by_kind: dict[str, tuple[Any, Any]] = {}  # kind → (duration histogram, "done" counter)
         # read when /metrics is scraped instead of moved twice per job
         deps.metrics.workers_busy.set_function(lambda: len(self.running))
@@ -170,6 +177,7 @@ class WorkerPool:
             await aux.start(self._completer.run)
             aux.start_soon(self._watch_shutdown)
             aux.start_soon(self._watch_deadlines)
+            aux.start_soon(self._confirm_loop)
             with self._handler_scope:
                 async with trio.open_nursery() as runners:
                     for _ in range(self.workers):
@@ -245,12 +253,15 @@ class WorkerPool:
                 continue
             # Woken with nothing in hand (a NOTIFY, the poll, a retry due): most often one
             # job is due, and a claim of two is prepared (JobStore.claim): one job comes
-            # back, and the fetcher sleeps again; two, and the next round claims a batch
-            want = min(self._room(), 2 if idle and not self.queued else self.batch)
+            # back, and the fetcher sleeps again; two, and the next round claims a batch.
+            # That claim commits asynchronously, and is confirmed while its handlers start
+            # (_confirm_loop); a batch claim commits durably
+            fast = idle and not self.queued
+            want = min(self._room(), 2 if fast else self.batch)
             seen = doorbell.count
             started = trio.current_time()
             try:
-                jobs = await self.store.claim(want)
+                jobs = await self.store.claim(want, durable=not fast)
             except Exception as exc:  # database down or a statement error: back off, never die
                 log.warning("claim failed, retrying in %.1fs: %s", backoff, describe(exc))
                 with trio.move_on_after(backoff):
@@ -263,7 +274,9 @@ class WorkerPool:
             # the database set each lease at (or after) the moment the claim was sent
             deadline = started + self.lease_seconds - self._margin
             for job in jobs:
-                self._hold(Run(job, deadline, self.store))
+                self._hold(Run(job, deadline, self.store, confirmed=not fast))
+            if fast and jobs:
+                self._confirm_bell.set()
             idle = len(jobs) < want
             if idle:
                 if trio.current_time() >= sweep_at:
@@ -277,6 +290,48 @@ class WorkerPool:
                     self._next_local_due = math.inf
                 with trio.move_on_after(timeout):
                     await doorbell.wait_after(seen)
+
+    async def _confirm_loop(self) -> None:
+        """Confirm the asynchronous claims (``store.confirm``), one statement at a time for
+        all of them; stop the runs of those it does not find, or cannot confirm.
+
+        A claim committed asynchronously is lost if the server crashes before its WAL is
+        flushed, and the job is then claimed again after the restart. Its run here must
+        have stopped by then: a claim the confirmation does not find is dropped (as any
+        lost claim), and when the confirmation fails (the server went away, or did not
+        answer within ``CONFIRM_SECONDS``) its runs are stopped at once, since whether
+        their claims reached the disk is unknown; their jobs run again when their leases
+        run out. Sent while the handlers start: their start does not wait for the flush.
+        """
+        seen = self._confirm_bell.count
+        while True:
+            await self._confirm_bell.wait_after(seen)
+            seen = self._confirm_bell.count
+            # the runners first: the claim's handlers start before this statement is sent
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            runs = []
+            for run in self.held_runs():
+                if not run.confirmed:
+                    # a run that has ended already needs none: its outcome is fenced, and
+                    # nothing of it can go on beside a later claim's run
+                    run.confirmed = run.state not in ("queued", "running")
+                    if not run.confirmed:
+                        runs.append(run)
+            if not runs:
+                continue
+            try:
+                with trio.fail_after(CONFIRM_SECONDS):
+                    held = await self.store.confirm([r.job for r in runs])
+            except (Exception, trio.TooSlowError) as exc:
+                log.warning("could not confirm %d claims; stopped their runs (the claims may have been "
+                            "lost with the database, the jobs run again when their leases run out): %s",
+                            len(runs), describe(exc))
+                held = set()
+            self.confirmations += 1
+            for run in runs:
+                run.confirmed = True  # confirmed, or stopped below: either way, done with
+                if run.job.id not in held:
+                    self.lost(run)
 
     async def _sweep(self) -> None:
         try:

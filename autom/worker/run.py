@@ -1,7 +1,7 @@
 """``Run``: one claim of one job in this process, from its claim to its recorded outcome.
 
 A run carries what a handler's context needs to act for its claim: the job and
-its lease generation (``key`` = ``(id, lease)``), the cancel scope the handler
+its lease (``key`` = ``(id, lease)``), the cancel scope the handler
 runs in (``scope``, set when the run starts: its runner's), and the run's
 *local* deadline, the local lease end: when the claim was sent (or the last
 successful renewal), plus the lease, less a safety margin. Only a successful
@@ -53,11 +53,11 @@ class _Completes(Protocol):
 class Run:
     """One claim of ``job`` held by this process; see the module docstring."""
 
-    __slots__ = ("_store", "deadline", "job", "key", "lost", "scope", "settled", "started", "state")
+    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "lost", "scope", "settled", "started", "state")
 
-    def __init__(self, job: Job, deadline: float, store: Any) -> None:
+    def __init__(self, job: Job, deadline: float, store: Any, *, confirmed: bool = True) -> None:
         self.job = job
-        #: the claim: (job id, lease generation)
+        #: the claim: (job id, lease value)
         self.key: tuple[int, int] = (job.id, job.lease)
         #: the local lease end (trio clock)
         self.deadline = deadline
@@ -71,6 +71,9 @@ class Run:
         #: the outcome was written in the handler's own transaction (``complete_in``)
         self.settled = False
         self._store: _Completes = store
+        #: the claim is on disk: committed durably, or confirmed since (False: an
+        #: asynchronous claim the pool's confirmer has not confirmed yet)
+        self.confirmed = confirmed
 
     def expired(self) -> bool:
         """Whether the local deadline has passed (the lease may be running out in the database)."""

@@ -15,13 +15,18 @@ import json
 from typing import Any
 
 import pytest
+import trio
 
 from autom import App, HandlerContext, Job
+from autom.config import Settings
+from autom.deps import Deps
 from autom.errors import LeaseLost, PermanentError
 from autom.jobs.models import NewJob, lease_generation
 from autom.jobs.store import JobStore
 from autom.testing import open_testbed
+from autom.worker import WorkerPool
 from tests.support.queue import claim_one, complete
+from tests.support.service import wait_until
 
 JOB_ROW = "select to_jsonb(j) from jobs j where id = %(id)s"
 RECIPIENT_ROW = "select to_jsonb(r) from recipients r where recipient = %(recipient)s"
@@ -140,3 +145,69 @@ async def test_the_next_lease_counts_the_generation_and_draws_the_low_bits(db: A
     assert all(r["next"] >= 1 << 32 for r in rows)
     # the low bits are drawn: 600 values from 2^32, all different (a repeat: ~4e-5)
     assert len({r["next"] for r in rows}) == len(rows)
+
+
+class CrashingStore(JobStore):
+    """A server crash right after each asynchronous claim answered: the claimed rows go
+    back to what they were before it (its WAL was never flushed)."""
+
+    def __init__(self, db: Any, **kwargs: Any) -> None:
+        super().__init__(db, **kwargs)
+        self.lost: list[Job] = []
+        self.durable_claims = 0
+
+    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+        if durable:
+            jobs = await super().claim(n, durable=durable)
+            self.durable_claims += 1
+            return jobs
+        due = await self.db.fetch_all("select id, recipient from jobs where due_at <= now()")
+        before = {r["id"]: await snapshot(self.db, r["id"], r["recipient"]) for r in due}
+        jobs = await super().claim(n, durable=durable)
+        for job in jobs:
+            await lose_the_claim(self.db, before[job.id], job.recipient)
+        self.lost.extend(jobs)
+        return jobs
+
+
+class NoTelegram:
+    async def alert_job_failed(self, *args: Any) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("recipient", [None, "chat-7"])
+async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any, recipient: str | None) -> None:
+    """The worker's idle-path claim commits asynchronously; the server loses it. Its
+    confirmation finds the job without that claim, and the handler is stopped at once,
+    before anyone could claim the job again (not at a renewal), writing nothing. The job
+    is as it was: the next claim runs it, under another lease of the same generation."""
+    store = CrashingStore(db, lease_seconds=30)
+    ended: list[str] = []
+
+    async def long(ctx: HandlerContext, job: Job) -> None:
+        try:
+            await trio.sleep(100)
+            ended.append("returned")
+        except trio.Cancelled:
+            ended.append("cancelled")
+            raise
+
+    deps = Deps(settings=Settings(workers=2), db=db, store=store, sources={},
+                telegram=NoTelegram())  # type: ignore[arg-type]
+    pool = WorkerPool(deps, {"k": long}, workers=2, poll_seconds=10.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await wait_until(lambda: store.durable_claims == 1)  # its first claim (a batch) found nothing
+        job_id = await store.enqueue(NewJob("k", recipient=recipient))
+        deps.doorbell.set()
+        with trio.fail_after(5):
+            await wait_until(lambda: ended != [])
+        deps.shutdown.value = True
+    (lost,) = store.lost
+    assert lost.id == job_id and ended == ["cancelled"] and pool.confirmations == 1
+    row = await store.get(job_id)
+    assert row is not None and (row["status"], row["attempts"], row["lease"]) == ("pending", 0, 0)
+    again = await claim_one(store)
+    assert again is not None and again.id == job_id
+    assert again.generation == lost.generation == 1 and again.lease != lost.lease
+    assert await complete(store, lost) is False and await complete(store, again) is True

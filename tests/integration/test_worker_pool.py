@@ -29,8 +29,8 @@ class CountingStore(JobStore):
         self.most_held = 0  # the most jobs the pool held right after a claim
         self.most_over = -1  # the most it held beyond its capacity of the moment (never > 0)
 
-    async def claim(self, n: int = 1) -> list[Job]:
-        jobs = await super().claim(n)
+    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+        jobs = await super().claim(n, durable=durable)
         self.claims.append((n, jobs))
         if self.pool is not None:
             held = self.pool.in_flight + len(jobs)

@@ -41,21 +41,34 @@ class MemoryStore:
         self.renewals = 0
         self.next_claims: list[list[Job]] = []  # scripted claim answers, used first
         self.sweeps = 0
+        self.durable: list[bool] = []  # per claim: committed durably (else to be confirmed)
+        self.confirms: list[list[int]] = []  # ids per confirmation
+        self.confirm_fails = False
+        self.confirm_drops: set[int] = set()  # ids a confirmation does not find (lost in a crash)
 
     def add(self, n: int, kind: str = "k", **fields: Any) -> list[Job]:
         start = len(self.pending) + len(self.done) + len(self.settled) + 1
-        jobs = [Job(id=start + i, kind=kind, payload={}, attempts=0, max_attempts=3, lease=0,
+        fields = {"payload": {}, **fields}
+        jobs = [Job(id=start + i, kind=kind, attempts=0, max_attempts=3, lease=0,
                     locked_until=datetime.now(UTC), **fields) for i in range(n)]
         self.pending.extend(jobs)
         return jobs
 
-    async def claim(self, n: int = 1) -> list[Job]:
+    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
         await trio.sleep(self.claim_seconds)
         self.claims.append(n)
+        self.durable.append(durable)
         if self.next_claims:
             return self.next_claims.pop(0)
         taken, self.pending = self.pending[:n], self.pending[n:]
         return [replace(j, attempts=j.attempts + 1, lease=j.lease + 1) for j in taken]
+
+    async def confirm(self, jobs: Sequence[Job]) -> set[int]:
+        await trio.sleep(0.001)
+        self.confirms.append([j.id for j in jobs])
+        if self.confirm_fails:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return {j.id for j in jobs if j.id not in self.confirm_drops}
 
     async def retire_idle(self, n: int = 100) -> int:
         self.sweeps += 1
@@ -364,3 +377,83 @@ async def test_woken_with_nothing_in_hand_the_fetcher_claims_two_and_sweeps_at_m
         await trio.sleep(5.0)  # polled ten times since, nothing due
         assert 2 <= store.sweeps <= 12
         pool.deps.shutdown.value = True
+
+
+async def test_an_idle_claim_commits_asynchronously_and_is_confirmed_while_its_handler_runs(
+    autojump_clock: Any,
+) -> None:
+    """Woken with nothing in hand, the fetcher's claim of two is asynchronous (JobStore.claim,
+    durable False) and confirmed once its handler has started; a batch claim is durable and
+    needs none; a run that ended before the confirmation needs none either."""
+    store = MemoryStore()
+    started: list[int] = []
+    release = trio.Event()
+
+    async def work(ctx: Any, job: Job) -> None:
+        started.append(job.id)
+        if job.payload.get("wait"):
+            await release.wait()
+
+    pool = make_pool(store, {"k": work}, workers=4, batch=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.claims) == 1)
+        assert store.durable == [True]  # the first claim: a batch
+        (slow,) = store.add(1, payload={"wait": True})
+        pool.deps.doorbell.set()
+        await until(lambda: store.confirms != [])
+        assert store.durable[1:] == [False] and store.confirms == [[slow.id]] and started == [slow.id]
+        release.set()
+        await until(lambda: store.done != [])
+        (fast,) = store.add(1)
+        pool.deps.doorbell.set()
+        await until(lambda: len(store.done) == 2)
+        await trio.sleep(0.5)
+        assert not any(store.durable[1:])  # every claim woken with nothing in hand (and the polls)
+        assert store.confirms == [[slow.id]]  # the no-op handler had ended: nothing to confirm
+        assert [j for j, _ in store.done] == [slow.id, fast.id]
+        pool.deps.shutdown.value = True
+
+
+async def _lost_idle_claim(store: MemoryStore) -> list[str]:
+    ended: list[str] = []
+
+    async def long(ctx: Any, j: Job) -> None:
+        try:
+            await trio.sleep(100)
+            ended.append("returned")
+        except trio.Cancelled:
+            ended.append("cancelled")
+            raise
+
+    pool = make_pool(store, {"k": long}, workers=2, batch=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.claims) == 1)
+        store.add(1)
+        pool.deps.doorbell.set()
+        await until(lambda: ended != [])
+        pool.deps.shutdown.value = True
+    return ended
+
+
+async def test_an_idle_claim_the_confirmation_does_not_find_stops_its_handler_at_once(autojump_clock: Any) -> None:
+    """The claim was lost in a crash (the confirmation finds its job without it): the run
+    is stopped right away, before anyone could claim the job again, and writes nothing."""
+    store = MemoryStore(lease_seconds=30.0)
+    store.confirm_drops.add(1)
+    ended = await _lost_idle_claim(store)
+    assert ended == ["cancelled"] and store.confirms == [[1]]
+    assert store.done == [] and store.settled == [] and store.renewals == 0
+    assert trio.current_time() < 1.0  # not at a renewal (10 s) or the local deadline
+
+
+async def test_an_idle_claim_that_cannot_be_confirmed_stops_its_handler_at_once(autojump_clock: Any) -> None:
+    """The server went away before it answered: whether the claim reached its disk is not
+    known, so the run stops at once (its job runs again when the lease runs out)."""
+    store = MemoryStore(lease_seconds=30.0)
+    store.confirm_fails = True
+    ended = await _lost_idle_claim(store)
+    assert ended == ["cancelled"] and store.confirms == [[1]]
+    assert store.done == [] and store.settled == []
+    assert trio.current_time() < 1.0
