@@ -67,3 +67,22 @@ async def test_a_429_holds_that_chat_and_a_flood_of_them_pauses_every_send(db: A
     assert 1.0 < paused.value.after <= 2.0
     with pytest.raises(Defer):
         await limiter.acquire(47, priority=True)  # alerts too: Telegram would refuse them as well
+
+
+async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only(db: Any) -> None:
+    """telegram_acquire turns synchronous_commit off for the transaction it commits in (a lost
+    reservation is harmless: SendLimiter.acquire); the connection's setting is left alone."""
+    from autom.db.queries import Q
+
+    params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 1 / 30, "burst": 30.0,
+              "priority": False}
+    async with db.transaction() as tx:
+        setting = await tx.fetch_val("show synchronous_commit")
+        assert setting != "off"
+        assert await tx.fetch_val(Q.telegram_acquire, params) == 0
+        assert await tx.fetch_val("show synchronous_commit") == "off"
+    async with db.transaction() as tx:
+        assert await tx.fetch_val("show synchronous_commit") == setting
+    assert await db.fetch_val("select count(*) from telegram_chats where chat_id = '42'") == 1
+    with pytest.raises(Defer):  # the reservation holds
+        await SendLimiter(db, chat_rate=1.0, global_rate=30.0).acquire(42)
