@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from autom.app import Registry
     from autom.db.bridge import Database
+    from autom.events import HandOff
     from autom.jobs.store import JobStore
     from autom.sources.base import Source
     from autom.telegram import TelegramClient
@@ -43,3 +44,6 @@ class Deps:
     # issue 12 (public API): the validated App, and the HTTP client handlers get as ctx.http
     registry: Registry | None = None
     http: httpx.AsyncClient | None = None
+    #: the worker pool of this process when it also runs the intake (ROLE=all): a lone
+    #: delivery's job may be stored claimed and handed to it (autom.events.HandOff)
+    handoff: HandOff | None = None

@@ -24,6 +24,19 @@ record (a token written with it) tells, so stored deliveries get their 202, not 
 (``StoreBatcher._committed``). A delivery still queued at its deadline, or whose
 sender left, leaves the queue: nothing of it was sent to the database.
 
+Hand-off (``HandOff``): when the worker pool of this process is idle (``ready``),
+a lone delivery's hop stores its job already claimed by this process, in the same
+durable transaction (``intake_store_handoff``, migrations/0012: only when the job is
+the one the claim would take now: due, its kind not paused, its recipient free with
+an empty line, nothing else due), and gives it to the pool (``take``) as soon as the
+statement returns: no NOTIFY, listener, fetcher and claim round trip with its own
+durable commit between the 202 and the job's start. The job then runs as any claimed
+job does (lease, renewal, completion, shutdown). A pool that stopped meanwhile gets it
+back to pending (``give_back``, the attempt not counted). Anything else falls back to
+the ordinary store, and the workers claim the job. A hop cut off after it committed
+(its connection, its deadline) finds the handed-off job in its commit record and
+hands it off all the same (its lease counted from before the statement was sent).
+
 Replaying (``replay_event``): a stored event is parsed again with its source and
 its jobs are created; keyed jobs that exist already are skipped.
 
@@ -33,6 +46,7 @@ side (``autom replay``, ``POST /admin/events/{id}/replay``) is ``autom.ops``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,7 +54,7 @@ import math
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import trio
 from trio.testing import wait_all_tasks_blocked
@@ -49,7 +63,7 @@ from autom.checks import one_line
 from autom.db.bridge import Database, Row
 from autom.db.queries import Q
 from autom.errors import Conflict, DatabaseUnavailable, NotFound
-from autom.jobs.models import NewJob
+from autom.jobs.models import Job, NewJob
 from autom.jobs.store import JobStore, jobs_json
 from autom.sources.base import ParseError, Source
 
@@ -96,6 +110,37 @@ class SenderGone(Exception):
         self.sent = sent
 
 
+class HandOff(Protocol):
+    """Where a lone delivery's job goes when the intake stores it claimed (the worker pool of
+    its own process, ``WorkerPool``; see the module docstring)."""
+
+    #: the lease a claim of this process takes
+    lease_seconds: float
+
+    def ready(self) -> bool:
+        """Whether the pool would take a job now: it runs, is not stopping, has a free runner
+        and no claimed job waits for one."""
+        ...
+
+    def take(self, job: Job, sent_at: float) -> bool:
+        """Hold ``job``, claimed by a statement sent at ``sent_at`` (trio clock), and run it as
+        any claim; False when the pool no longer takes jobs (then the caller gives it back)."""
+        ...
+
+    async def give_back(self, job: Job) -> None:
+        """Put ``job`` (claimed, not started) back to pending at once, its attempt not counted."""
+        ...
+
+
+class Stored(NamedTuple):
+    """What storing one delivery did: the new event (None for a redelivery), the jobs it made,
+    and how many of them were handed off to this process's workers (``HandOff``)."""
+
+    event_id: int | None
+    jobs: int
+    handed: int = 0
+
+
 class _Delivery:
     """One delivery waiting in a ``StoreBatcher``: its parameters, then its outcome."""
 
@@ -109,7 +154,7 @@ class _Delivery:
         self.lead = False  # it runs the next hop (for everyone queued)
         self.taken = False  # it is in a batch (in flight or done)
         self.alone = False  # its batch failed: it is to be stored on its own
-        self.outcome: tuple[int | None, int] | None = None  # (event id or None for a duplicate, jobs)
+        self.outcome: Stored | None = None
         self.error: BaseException | None = None
 
     def wake(self) -> None:
@@ -178,10 +223,12 @@ class StoreBatcher:
     """
 
     def __init__(self, db: Database, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES,
-                 gather: float = GATHER_SECONDS) -> None:
+                 gather: float = GATHER_SECONDS, handoff: HandOff | None = None) -> None:
         """Store through ``db``, at most ``max_batch`` deliveries and ``max_bytes`` per hop; a hop's
-        leader waits at most ``gather`` seconds for the event loop to go idle (0: it does not wait)."""
+        leader waits at most ``gather`` seconds for the event loop to go idle (0: it does not wait).
+        ``handoff``: the worker pool a lone delivery's job may be handed to (module docstring)."""
         self._db = db
+        self._handoff = handoff
         self._max_batch = max_batch
         self._max_bytes = max_bytes
         self._gather = gather
@@ -202,6 +249,12 @@ class StoreBatcher:
         ``gone``: returns once the sender has disconnected; a delivery whose sender
         leaves while it waits raises ``SenderGone``.
         """
+        stored = await self.deliver(params, deadline, gone)
+        return stored.event_id, stored.jobs
+
+    async def deliver(self, params: dict[str, Any], deadline: float = math.inf,
+                      gone: Gone | None = None) -> Stored:
+        """``store``, saying also how many of the delivery's jobs were handed off."""
         delivery = _Delivery(params, deadline)
         self._queue.append(delivery)
         try:
@@ -249,6 +302,7 @@ class StoreBatcher:
         self.hops_run += 1
         # a hop of one is intake_store with the delivery's own token, a batch's has one of its own
         token = batch[0].params["token"] if len(batch) == 1 else uuid.uuid4().hex
+        sent = trio.current_time()  # a job handed off is leased from before its statement was sent
         try:
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = _hop_deadline(min(d.deadline for d in batch))
@@ -256,7 +310,7 @@ class StoreBatcher:
             if scope.cancelled_caught and all(
                     d.outcome is None and d.error is None and not d.alone for d in batch):
                 try:
-                    stored = await self._settle(token)
+                    stored = await self._settle(token, sent)
                 except DatabaseUnavailable as exc:  # nothing of the hop was stored: 503 for each
                     for delivery in batch:
                         delivery.error = exc
@@ -268,32 +322,54 @@ class StoreBatcher:
                 delivery.wake()
             self._hand_over()
 
-    async def _store_alone(self, delivery: _Delivery) -> tuple[int | None, int]:
+    async def _store_alone(self, delivery: _Delivery) -> Stored:
         """A delivery of a failed batch, stored by itself: bounded and settled as a hop is."""
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = _hop_deadline(delivery.deadline)
-            return await self._store_one(delivery.params)
+            return Stored(*await self._store_one(delivery.params))
         (outcome,) = await self._settle(delivery.params["token"])
         return outcome
 
-    async def _settle(self, token: str) -> list[tuple[int | None, int]]:
+    async def _settle(self, token: str, sent: float = 0.0) -> list[Stored]:
         """After a hop was cancelled at its deadline: the outcomes it committed, else DatabaseUnavailable.
 
         The hop's statement may have committed before the cancel reached the server;
-        its commit record tells (``_committed``), so a stored delivery gets its 202.
+        its commit record tells (``_committed``), so a stored delivery gets its 202 (and a
+        job it handed off, its statement sent at ``sent``, goes to the pool all the same).
         """
         with trio.CancelScope(shield=True):  # its leader's sender may have left meanwhile
             stored = await self._committed(token)
-        if stored is None:
-            raise DatabaseUnavailable("the database did not store the delivery within its deadline")
-        return [(None, 0) if event_id is None else (int(event_id), int(jobs)) for _pos, event_id, jobs in stored]
+            if stored is None:
+                raise DatabaseUnavailable("the database did not store the delivery within its deadline")
+            outcomes = [await self._recorded(record, sent) for record in stored]
+        return outcomes
+
+    async def _recorded(self, record: Sequence[Any], sent: float) -> Stored:
+        """The outcome a commit record's element tells: ``[pos, event id, jobs]``, and for a
+        hand-off hop the handed-off job's ``id, lease`` (NULLs if none), which is then looked
+        up and handed to the pool: it is claimed by this process, whoever else may wait."""
+        _pos, event_id, jobs, *handed = record
+        if event_id is None:
+            return Stored(None, 0)
+        if not handed or handed[0] is None or self._handoff is None:
+            return Stored(int(event_id), int(jobs))
+        job = None
+        with contextlib.suppress(DatabaseUnavailable):  # not readable now: its lease runs out, it is claimed again
+            row = await self._db.fetch_one(Q.get_job, {"id": int(handed[0])})
+            if row is not None and row["lease"] == handed[1] and row["status"] == "running":
+                job = _handed_job(row)
+        return Stored(int(event_id), int(jobs), await self._hand(self._handoff, job, sent))
 
     async def _hop(self, batch: list[_Delivery], token: str) -> None:
         """Store ``batch`` in one hop (``token``: its commit record's); set each one's outcome, error or ``alone``."""
         if len(batch) == 1:
             (delivery,) = batch
+            handoff = self._handoff
             try:
-                delivery.outcome = await self._store_one(delivery.params)
+                if handoff is not None and handoff.ready():
+                    delivery.outcome = await self._store_handing_off(delivery.params, handoff)
+                else:
+                    delivery.outcome = Stored(*await self._store_one(delivery.params))
             except Exception as exc:
                 delivery.error = exc
             return
@@ -317,7 +393,7 @@ class StoreBatcher:
             return
         for delivery, row in zip(batch, rows, strict=True):
             event_id = row["event_id"]
-            delivery.outcome = (None, 0) if event_id is None else (int(event_id), int(row["jobs_created"]))
+            delivery.outcome = Stored(None, 0) if event_id is None else Stored(int(event_id), int(row["jobs_created"]))
 
     async def _store_one(self, params: dict[str, Any]) -> tuple[int | None, int]:
         """One delivery by itself (``intake_store``), settled by its commit record if the
@@ -330,6 +406,37 @@ class StoreBatcher:
                 raise
             _pos, event_id, jobs = stored[0]
             return (None, 0) if event_id is None else (int(event_id), int(jobs))
+
+    async def _store_handing_off(self, params: dict[str, Any], handoff: HandOff) -> Stored:
+        """One delivery by itself, its job stored claimed and handed to ``handoff`` when it can
+        be (``intake_store_handoff``; module docstring); settled as ``_store_one``."""
+        sent = trio.current_time()  # the lease is counted from before the statement is sent
+        try:
+            row = await self._db.fetch_one(Q.intake_store_handoff,
+                                           {**params, "lease_seconds": handoff.lease_seconds}, prepare=True)
+        except DatabaseUnavailable as exc:
+            stored = await self._committed(params["token"]) if exc.maybe_applied else None
+            if stored is None:
+                raise
+            return await self._recorded(stored[0], sent)
+        if row is None:
+            return Stored(None, 0)
+        job = _handed_job(row) if row["id"] is not None else None
+        return Stored(int(row["event_id"]), int(row["jobs_created"]), await self._hand(handoff, job, sent))
+
+    @staticmethod
+    async def _hand(handoff: HandOff, job: Job | None, sent: float) -> int:
+        """Give ``job`` (claimed by a statement sent at ``sent``) to the pool; 1 if it took it."""
+        if job is None:
+            return 0
+        if handoff.take(job, sent):
+            return 1
+        try:
+            await handoff.give_back(job)  # the pool stopped meanwhile: pending again at once
+        except Exception as exc:  # its lease runs out, and the workers claim it again
+            log.warning("could not give back job %d, which the stopping worker pool did not take: %s",
+                        job.id, exc)
+        return 0
 
     async def _committed(self, token: str) -> list[list[Any]] | None:
         """After a hop's connection dropped: what the hop stored if it committed, else None.
@@ -380,6 +487,13 @@ def _hop_deadline(earliest: float) -> float:
     """When a hop is cancelled: at ``earliest`` (its first delivery's deadline), within the hop bounds."""
     now = trio.current_time()
     return min(now + BATCH_HOP_SECONDS, max(now + MIN_HOP_SECONDS, earliest))
+
+
+def _handed_job(row: Row) -> Job:
+    """The handed-off job of an ``intake_store_handoff`` (or ``get_job``) row."""
+    return Job(id=int(row["id"]), kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
+               max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
+               recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"])
 
 
 def _size(params: Mapping[str, Any]) -> int:

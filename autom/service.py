@@ -156,6 +156,8 @@ async def run_service(
             # with HTTP serving only /health and /metrics (create_app); all = both.
             pool = WorkerPool(deps, registry.handlers) if works else None
             control.pool = pool
+            if pool is not None and settings.role == "all":
+                deps.handoff = pool  # the intake hands a lone delivery's job to it (autom/events.py)
             alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
                 if alerts is not None:

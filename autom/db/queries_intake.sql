@@ -23,6 +23,15 @@ record as (
 )
 select st.id, st.jobs from st;
 
+-- name: intake_store_handoff
+-- intake_store, but when the delivery made one job that could be claimed now (its
+-- recipient free and its line empty, nothing else due: migrations/0012) the job is
+-- stored claimed by this process (lease %(lease_seconds)s), and its fields come back
+-- for the worker pool (StoreBatcher's hand-off, autom/events.py). One row: the event's
+-- id, the jobs made, the handed-off job's fields or NULLs; no row for a redelivery.
+select * from autom_intake_store_handoff(%(source)s, %(headers)s::jsonb, %(body)s, %(dedup_key)s,
+                                         %(jobs)s::jsonb, %(token)s::uuid, %(lease_seconds)s);
+
 -- name: intake_store_many
 -- Store several verified deliveries, one after the other, in ONE statement (one
 -- transaction: all of them or none): the intake's group commit. %(items)s is what

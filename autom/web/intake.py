@@ -111,7 +111,7 @@ class Intake:
         """Bind the route to ``deps`` (sources, database, metrics, doorbell) and ``admission``."""
         self._deps = deps
         self._admission = admission
-        self._batcher = StoreBatcher(deps.db)
+        self._batcher = StoreBatcher(deps.db, handoff=deps.handoff)
         #: the total deadline of a delivery once its body is read (``DELIVERY_SECONDS``)
         self.deadline_seconds = DELIVERY_SECONDS
 
@@ -166,7 +166,7 @@ class Intake:
                 raise DatabaseUnavailable("the admission checks took past the delivery's deadline")
             if refusal is not None:
                 return refusal
-            event_id, created = await self._batcher.store(params, deadline, gone)
+            event_id, created, handed = await self._batcher.deliver(params, deadline, gone)
         except SenderGone as exc:
             # no answer, so not counted; a delivery already sent is stored all the same
             outcome = "sent" if exc.sent else "withdrawn"
@@ -193,7 +193,7 @@ class Intake:
         self._deps.metrics.events.labels(src.name, "accepted").inc()
         if self._admission is not None:
             self._admission.stored(jobs, created)
-        if created:
+        if created > handed:
             self._deps.doorbell.set()  # in-process workers wake now instead of at their next poll
         extra.update(event_id=event_id, outcome="accepted", count=created)
         if parse_error is None:

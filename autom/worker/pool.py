@@ -135,6 +135,7 @@ class WorkerPool:
         self._wants_room = False
         self._stopping = Doorbell()  # rung once shutdown is set
         self._handler_scope = trio.CancelScope()
+        self._accepting = False  # the fetcher runs: claims (and the intake's hand-offs) are taken
         # the deadline watch wakes at _watch_at, no later than the earliest local deadline
         # of a run held; a new claim with an earlier one rings it
         self._watch_at = math.inf
@@ -183,9 +184,11 @@ class WorkerPool:
                     for _ in range(self.workers):
                         runners.start_soon(self._runner)
                     task_status.started()
+                    self._accepting = True
                     try:
                         await self._fetch_loop()
                     finally:
+                        self._accepting = False
                         self._give_back_queued()
                     if self.running:
                         log.info("draining: waiting for %d running jobs", len(self.running))
@@ -373,6 +376,28 @@ class WorkerPool:
             self._completer.report(Outcome(run, "released", Settle(run.job, "released", None)))
         if runs:
             log.info("giving back %d claimed jobs not started before shutdown", len(runs))
+
+    # -- the intake's hand-off (autom.events.HandOff) ------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the intake of this process may store a job claimed for this pool: the pool
+        runs and is not stopping, a runner is free and no claimed job waits for one."""
+        return (self._accepting and not self.deps.shutdown.value and not self.queued
+                and len(self.running) < self.workers)
+
+    def take(self, job: Job, sent_at: float) -> bool:
+        """Hold ``job``, which the intake stored claimed by this process in a statement sent at
+        ``sent_at`` (trio clock): a ``Run`` like a claim's, queued for a runner. False once the
+        pool no longer takes claims (shutdown): the intake then gives it back."""
+        if not self._accepting or self.deps.shutdown.value:
+            return False
+        self._hold(Run(job, sent_at + self.lease_seconds - self._margin, self.store))
+        return True
+
+    async def give_back(self, job: Job) -> None:
+        """Put a claimed job no runner started back to pending at once, the attempt not counted
+        (as ``_give_back_queued`` does at shutdown)."""
+        await self.store.settle_many([Settle(job, "released", None)])
 
     # -- running ---------------------------------------------------------------------
 

@@ -63,6 +63,10 @@ async def test_an_intake_and_a_worker_process_do_the_work_once(
     await wait_until(all_done, timeout=30, interval=0.1)
     rows = await db.fetch_all("select status, attempts, recipient from jobs where kind = 'telegram.message'")
     assert Counter((r["status"], r["attempts"]) for r in rows) == {("done", 1): len(updates)}
+    # no hand-off across processes: every job was claimed by a transaction of its own, after its event's
+    handed = await db.fetch_val("select count(*) from jobs j join events e on e.id = j.event_id"
+                                " where j.claimed_at <= e.received_at")
+    assert handed == 0
     sends_per_chat = Counter(int(c.params["chat_id"]) for c in stub.calls_of("sendMessage"))
     assert sends_per_chat == Counter({chat: 3 for chat in chats})  # each job once: one pong each
 

@@ -1,0 +1,72 @@
+"""The intake's hand-off in a real ``autom run`` (ROLE=all): an idle process runs the job of a
+webhook it just stored without a claim statement, and under a burst to one chat the jobs of
+that chat still run one at a time, in order, each once.
+
+"Without a claim" is read from SQL state: a handed-off job was claimed in its event's own
+transaction (its ``claimed_at`` is the event's ``received_at``, that transaction's
+``now()``); a claim is a later transaction.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import httpx
+import trio
+
+from tests.support.processes import AutomProcesses
+from tests.support.service import post_telegram, telegram_update, wait_until
+from tests.support.telegram_stub import TelegramStub
+
+JOBS = ("select j.id, j.status, j.attempts, autom_lease_generation(j.lease) as lease, j.claimed_at,"
+        " j.finished_at, j.claimed_at = e.received_at as handed"
+        " from jobs j join events e on e.id = j.event_id where j.recipient = %(chat)s order by j.id")
+
+
+async def test_an_idle_process_runs_its_webhooks_job_without_a_claim(
+    dsn: str, db: Any, stub: TelegramStub, procs: AutomProcesses
+) -> None:
+    proc = await procs.start(dsn=dsn, telegram_url=stub.url)
+    chats = [910_000 + n for n in range(3)]
+    async with httpx.AsyncClient(base_url=proc.url, timeout=10) as client:
+        for n, chat in enumerate(chats):
+            response = await post_telegram(client, telegram_update(30_000 + n, chat, "/ping"))
+            assert response.status_code == 202, response.text
+            await wait_until(lambda n=n: len(stub.calls_of("sendMessage")) == n + 1)  # idle again
+    for chat in chats:
+        async def done(chat: int = chat) -> bool:
+            return [r["status"] for r in await db.fetch_all(JOBS, {"chat": str(chat)})] == ["done"]
+
+        await wait_until(done)
+        [row] = await db.fetch_all(JOBS, {"chat": str(chat)})
+        assert (row["attempts"], row["lease"], row["handed"]) == (1, 1, True)
+    assert {int(c.params["chat_id"]) for c in stub.calls_of("sendMessage")} == set(chats)
+    assert len(proc.logged("job done", kind="telegram.message")) == len(chats)
+
+
+async def test_a_burst_to_one_chat_runs_one_at_a_time_in_order(
+    dsn: str, db: Any, stub: TelegramStub, procs: AutomProcesses
+) -> None:
+    """20 updates to one chat sent together (plain text: the handler sends nothing, so the
+    chat's send limit does not defer them): whichever were handed off or claimed, each ran
+    once, in the order stored, none before the previous one had finished."""
+    proc = await procs.start(dsn=dsn, telegram_url=stub.url)
+    chat = 920_000
+    async with httpx.AsyncClient(base_url=proc.url, timeout=10) as client, trio.open_nursery() as nursery:
+        async def send(n: int) -> None:
+            response = await post_telegram(client, telegram_update(40_000 + n, chat, f"hello {n}"))
+            assert response.status_code == 202, response.text
+
+        for n in range(20):
+            nursery.start_soon(send, n)
+
+    async def all_done() -> bool:
+        return [r["status"] for r in await db.fetch_all(JOBS, {"chat": str(chat)})] == ["done"] * 20
+
+    await wait_until(all_done, timeout=30, interval=0.1)
+    rows = await db.fetch_all(JOBS, {"chat": str(chat)})
+    assert all(r["attempts"] == 1 for r in rows)
+    for before, after in itertools.pairwise(rows):
+        assert after["claimed_at"] >= before["finished_at"], (before, after)
+    assert len(proc.logged("job done", kind="telegram.message")) == 20
