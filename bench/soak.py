@@ -52,7 +52,9 @@ The checks:
   after the failure; no alert for a job that did not fail;
 * fencing: every transition out of ``running`` (done, failed, retry, release)
   was made by the incarnation holding the job's current lease generation,
-  ``jobs.lease`` equals the claims seen, each job finished exactly once;
+  ``jobs.lease`` equals the claims seen (a job the intake stored claimed, its
+  hand-off, counts as its first claim, by the replica that stored it), each job
+  finished exactly once;
 * reruns: a job's handler ran more than once only after a retryable answer
   (502, 429, timeout), a SIGTERM that cancelled it, the death of its process, or
   the database restart or stall (the lease lapsed: the run was stopped at its
@@ -747,9 +749,13 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     terminal: Counter[int] = Counter()
     problems_fence = []
     for row in audit:
-        if row["op"] != "update":
-            continue
         jid = row["job_id"]
+        if row["op"] != "update":
+            if row["new_status"] == "running":
+                # the intake's hand-off: the job stored claimed by the replica that took the
+                # webhook (generation 1, migrations/0012), a claim like the claim statement's
+                claims[jid].append(row)
+            continue
         if row["new_lease"] == row["old_lease"] + 1:
             if row["new_status"] != "running":
                 problems_fence.append(f"job {jid}: lease {row['new_lease']} taken into {row['new_status']}")
