@@ -391,7 +391,8 @@ class WorkerPool:
         pool no longer takes claims (shutdown): the intake then gives it back."""
         if not self._accepting or self.deps.shutdown.value:
             return False
-        self._hold(Run(job, sent_at + self.lease_seconds - self._margin, self.store))
+        # committed durably with its delivery: nothing for the confirmer to do
+        self._hold(Run(job, sent_at + self.lease_seconds - self._margin, self.store, confirmed=True))
         return True
 
     async def give_back(self, job: Job) -> None:
