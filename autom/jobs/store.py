@@ -268,8 +268,16 @@ class JobStore:
         jobs = list(jobs)
         if not jobs:
             return set(), False
-        rows = await self.db.fetch_all(Q.complete_many, {**_claims(jobs), "durable": False}, prepare=True)
-        return {row["id"] for row in rows}, any(row["more"] for row in rows)
+        first, again = _distinct_ids(jobs)
+        rows = await self.db.fetch_all(Q.complete_many, {**_claims(first), "durable": False}, prepare=True)
+        held, more = {row["id"] for row in rows}, any(row["more"] for row in rows)
+        if again:
+            # two claims of one id (the older one's lease ran out while its outcome waited):
+            # the statement matches each id with one lease, so the second goes on its own
+            held_again, more_again = await self.complete_batch(again)
+            held |= held_again
+            more |= more_again
+        return held, more
 
     def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
         """What a run that ended with ``error`` does to its job (pure but for the jitter).
@@ -342,6 +350,19 @@ class JobStore:
     async def get(self, job_id: int) -> dict[str, Any] | None:
         """One job row as a dict, or None."""
         return await self.db.fetch_one(Q.get_job, {"id": job_id})
+
+
+def _distinct_ids(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+    """``jobs`` split into the first claim of each id and the rest (nearly always empty)."""
+    if len({j.id for j in jobs}) == len(jobs):
+        return jobs, []
+    seen: set[int] = set()
+    first: list[Job] = []
+    again: list[Job] = []
+    for job in jobs:
+        (again if job.id in seen else first).append(job)
+        seen.add(job.id)
+    return first, again
 
 
 def _int_array(values: Iterable[int]) -> str:

@@ -132,6 +132,22 @@ async def test_stale_claim_changes_nothing_after_another_claim_took_the_job(db):
     assert (await store.get(fresh.id))["status"] == "done"
 
 
+async def test_one_batch_with_a_stale_and_a_fresh_claim_of_one_job_completes_the_fresh_one(db):
+    """The completer may hold two claims of one id (the older one's lease ran out while its
+    outcome waited): in one batch, in either order, only the fresh claim counts."""
+    store = make_store(db, lease=0.2)
+    for n, order in enumerate(("stale first", "fresh first")):
+        await store.enqueue(NewJob("slow", recipient=f"chat-{n}"))
+        stale = await claim_one(store)
+        fresh = await wait_for_claim(store)
+        assert fresh.id == stale.id and fresh.lease != stale.lease
+        await store.enqueue(NewJob("quick"))
+        mate = await claim_one(store)
+        batch = [stale, mate, fresh] if order == "stale first" else [fresh, mate, stale]
+        assert await store.complete_batch(batch) == ({fresh.id, mate.id}, False), order
+        assert (await store.get(fresh.id))["status"] == "done"
+
+
 async def test_renew_keeps_a_long_job_from_being_claimed_again(db):
     store = make_store(db, lease=0.4)
     await store.enqueue(NewJob("long"))
