@@ -326,7 +326,7 @@ class StoreBatcher:
         """A delivery of a failed batch, stored by itself: bounded and settled as a hop is."""
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = _hop_deadline(delivery.deadline)
-            return Stored(*await self._store_one(delivery.params))
+            return await self._store_one(delivery.params)
         (outcome,) = await self._settle(delivery.params["token"])
         return outcome
 
@@ -369,7 +369,7 @@ class StoreBatcher:
                 if handoff is not None and handoff.ready():
                     delivery.outcome = await self._store_handing_off(delivery.params, handoff)
                 else:
-                    delivery.outcome = Stored(*await self._store_one(delivery.params))
+                    delivery.outcome = await self._store_one(delivery.params)
             except Exception as exc:
                 delivery.error = exc
             return
@@ -395,17 +395,22 @@ class StoreBatcher:
             event_id = row["event_id"]
             delivery.outcome = Stored(None, 0) if event_id is None else Stored(int(event_id), int(row["jobs_created"]))
 
-    async def _store_one(self, params: dict[str, Any]) -> tuple[int | None, int]:
+    async def _store_one(self, params: dict[str, Any]) -> Stored:
         """One delivery by itself (``intake_store``), settled by its commit record if the
-        connection drops (``_committed``)."""
+        connection drops (``_dropped``)."""
         try:
-            return _outcome(await self._db.fetch_one(Q.intake_store, params, prepare=True))
+            row = await self._db.fetch_one(Q.intake_store, params, prepare=True)
         except DatabaseUnavailable as exc:
-            stored = await self._committed(params["token"]) if exc.maybe_applied else None
-            if stored is None:
-                raise
-            _pos, event_id, jobs = stored[0]
-            return (None, 0) if event_id is None else (int(event_id), int(jobs))
+            return await self._dropped(exc, params["token"])
+        return Stored(None, 0) if row is None else Stored(int(row["id"]), int(row["jobs"]))
+
+    async def _dropped(self, exc: DatabaseUnavailable, token: str, sent: float = 0.0) -> Stored:
+        """A lone delivery's statement failed with ``exc``: if it may have committed, what its
+        commit record (``token``) tells (``_recorded``, a job it handed off included), else ``exc``."""
+        stored = await self._committed(token) if exc.maybe_applied else None
+        if stored is None:
+            raise exc
+        return await self._recorded(stored[0], sent)
 
     async def _store_handing_off(self, params: dict[str, Any], handoff: HandOff) -> Stored:
         """One delivery by itself, its job stored claimed and handed to ``handoff`` when it can
@@ -415,10 +420,7 @@ class StoreBatcher:
             row = await self._db.fetch_one(Q.intake_store_handoff,
                                            {**params, "lease_seconds": handoff.lease_seconds}, prepare=True)
         except DatabaseUnavailable as exc:
-            stored = await self._committed(params["token"]) if exc.maybe_applied else None
-            if stored is None:
-                raise
-            return await self._recorded(stored[0], sent)
+            return await self._dropped(exc, params["token"], sent)
         if row is None:
             return Stored(None, 0)
         job = _handed_job(row) if row["id"] is not None else None
@@ -500,11 +502,6 @@ def _size(params: Mapping[str, Any]) -> int:
     """About how many bytes ``params`` adds to a batch's parameter."""
     item = params.get("item")
     return len(item) if item is not None else len(params["body"]) + len(params["jobs"]) + len(params["headers"])
-
-
-def _outcome(row: Row | None) -> tuple[int | None, int]:
-    """``(event_id, jobs)`` of an ``intake_store`` row; ``(None, 0)`` for a redelivery."""
-    return (None, 0) if row is None else (int(row["id"]), int(row["jobs"]))
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
