@@ -25,7 +25,7 @@ from autom.jobs.models import NewJob, lease_generation
 from autom.jobs.store import JobStore
 from autom.testing import open_testbed
 from autom.worker import WorkerPool
-from tests.support.queue import claim_one, complete
+from tests.support.queue import claim_one, complete, sleeping_handler
 from tests.support.service import wait_until
 
 JOB_ROW = "select to_jsonb(j) from jobs j where id = %(id)s"
@@ -182,15 +182,7 @@ async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any
     before anyone could claim the job again (not at a renewal), writing nothing. The job
     is as it was: the next claim runs it, under another lease of the same generation."""
     store = CrashingStore(db, lease_seconds=30)
-    ended: list[str] = []
-
-    async def long(ctx: HandlerContext, job: Job) -> None:
-        try:
-            await trio.sleep(100)
-            ended.append("returned")
-        except trio.Cancelled:
-            ended.append("cancelled")
-            raise
+    long, ended = sleeping_handler()
 
     deps = Deps(settings=Settings(workers=2), db=db, store=store, sources={},
                 telegram=NoTelegram())  # type: ignore[arg-type]

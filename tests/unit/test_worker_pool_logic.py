@@ -22,6 +22,7 @@ from autom.jobs.models import Job
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore, Settle, Settled
 from autom.worker import WorkerPool
+from tests.support.queue import sleeping_handler
 
 
 class MemoryStore:
@@ -192,15 +193,7 @@ async def test_a_renewal_that_no_longer_finds_the_claim_cancels_the_handler_and_
 ) -> None:
     store = MemoryStore(lease_seconds=3.0)
     (job,) = store.add(1)
-    ended: list[str] = []
-
-    async def long(ctx: Any, j: Job) -> None:
-        try:
-            await trio.sleep(100)
-            ended.append("returned")
-        except trio.Cancelled:
-            ended.append("cancelled")
-            raise
+    long, ended = sleeping_handler()
 
     store.renew_drops.add(job.id)
     pool = make_pool(store, {"k": long}, workers=1)
@@ -416,15 +409,7 @@ async def test_an_idle_claim_commits_asynchronously_and_is_confirmed_while_its_h
 
 
 async def _lost_idle_claim(store: MemoryStore) -> list[str]:
-    ended: list[str] = []
-
-    async def long(ctx: Any, j: Job) -> None:
-        try:
-            await trio.sleep(100)
-            ended.append("returned")
-        except trio.Cancelled:
-            ended.append("cancelled")
-            raise
+    long, ended = sleeping_handler()
 
     pool = make_pool(store, {"k": long}, workers=2, batch=10)
     async with trio.open_nursery() as nursery:
