@@ -1,12 +1,15 @@
 """Worker benchmark: how fast autom's worker pool drains a backlog of no-op jobs.
 
     python bench/drain.py [--jobs 20000] [--workers 16] [--batch N] [--chunk 1000]
-                          [--recipients 0,1000] [--runs 1] [--fairness] [--out FILE]
+                          [--recipients 0,1000,1000+0,0+1000] [--runs 1] [--fairness] [--out FILE]
     python bench/drain.py report AUTOM.jsonl [PEERS.jsonl]    the combined table
     python bench/drain.py worker ...                           (internal) the worker process
 
 What one run does, per variant (``--recipients``: 0 = jobs without a recipient,
-1000 = jobs spread round-robin over 1,000 recipients):
+1000 = jobs spread round-robin over 1,000 recipients; a mixed backlog, ``A+B``: ``--jobs``
+jobs of kind A enqueued first (so older), then ``--jobs`` of kind B, 2 × ``--jobs`` in
+all, e.g. ``1000+0`` = recipient jobs older than the recipient-less ones, labelled
+``1000+none``):
 
 1. creates a fresh database on ``--admin-dsn`` (default: the local PostgreSQL 15)
    and applies the migrations (once per invocation; dropped at the end);
@@ -21,6 +24,12 @@ What one run does, per variant (``--recipients``: 0 = jobs without a recipient,
    calls; at the N-th it asks the service to stop, which stops claiming, lets the
    completer record the last completions and returns;
 5. verifies in SQL that exactly N jobs are ``done`` and none is in any other state.
+
+Each drain record also has what the worker's statements read from the two due-time
+indexes of jobs (``idx_scan``, ``idx_tup_read`` of ``jobs_due_free`` and ``jobs_due_all``
+in ``pg_stat_user_indexes``, from before the worker starts to after it exited): the
+recipient-less lane's walk (the claim's ``nc``) is the only statement of a drain that
+reads them.
 
 Two bench-local subclasses are swapped into ``autom.service`` in the worker process
 (autom's code is not changed): ``WorkerPool`` to take ``--batch`` (when given; else
@@ -55,6 +64,13 @@ Experiment knobs (records carry them and ``report`` leaves them out):
 connections only), ``--pool-kwargs '{"prefetch": 34}'`` (extra WorkerPool arguments,
 for a patched copy of autom put first on ``PYTHONPATH``), ``--setup-sql`` (run once
 after the migrations), ``--phase exp-...``, ``--py-spy PREFIX``.
+
+The planner's statistics: each run resets the table as the peers do (``truncate``, then
+``vacuum analyze`` of the empty table), so the worker's statements are planned with
+statistics of an empty table. ``--analyze`` analyzes the backlog after the enqueue (the
+planner knows it); ``--history N`` puts N finished jobs in the table and analyzes it
+before the backlog comes (a long-running service's statistics: nearly every job
+finished, due_at NULL). ``report`` shows these on rows of their own.
 
 Every result is one JSON line (stdout and ``--out``); ``report`` turns them and the
 peers' ``results.jsonl`` (bench-peers/run_all.sh) into one markdown table.
@@ -457,6 +473,15 @@ def run_worker(dsn: str, args: argparse.Namespace, jobs: int, tag: str) -> dict[
     return {**json.loads(lines[-1]), "lease_lost_warnings": len(lost)}
 
 
+def analyze(dsn: str) -> None:
+    """Statistics of the backlog (--analyze): the planner then knows the due jobs and the mix of lanes."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("analyze jobs")
+        conn.execute("analyze recipients")
+
+
 def status_counts(dsn: str) -> dict[str, int]:
     import psycopg
 
@@ -464,28 +489,67 @@ def status_counts(dsn: str) -> dict[str, int]:
         return dict(conn.execute("select status, count(*) from jobs group by status").fetchall())  # type: ignore[arg-type]
 
 
-def drain_run(dsn: str, args: argparse.Namespace, recipients: int, rep: int) -> None:
-    n = args.jobs
+def index_reads(dsn: str) -> dict[str, int]:
+    """idx_scan and idx_tup_read of the two due-time indexes (pg_stat_user_indexes)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select pg_stat_clear_snapshot()")
+        rows = conn.execute("select indexrelname, idx_scan, idx_tup_read from pg_stat_user_indexes"
+                            " where indexrelname in ('jobs_due_free', 'jobs_due_all')").fetchall()
+    return {f"{k}_{name}": int(v) for name, scans, reads in rows for k, v in (("scans", scans), ("reads", reads))}
+
+
+def variant_groups(variant: str, n: int) -> tuple[str, list[tuple[int, Any]]]:
+    """A --recipients variant's label and enqueue groups: "0" (none), "1000", or "A+B" (A's n jobs, then B's)."""
+    def group(recipients: int) -> tuple[int, Any]:
+        return (n, (lambda i: f"r{i % recipients}") if recipients else (lambda i: None))
+
+    parts = [int(x) for x in variant.split("+")]
+    return "+".join(str(p) if p else "none" for p in parts), [group(p) for p in parts]
+
+
+def add_history(dsn: str, n: int) -> None:
+    """--history: n finished jobs (done, a quarter with a recipient), then analyze: statistics as
+    a long-running service's table has them (nearly every job finished: due_at NULL), before a burst."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("insert into jobs (kind, recipient, status, run_at, finished_at)"
+                     " select 'noop', case when i %% 4 = 0 then 'h' || (i %% 1000) end, 'done',"
+                     " now() - interval '1 day', now() - interval '1 day' from generate_series(1, %s) i", (n,))
+        conn.execute("vacuum analyze jobs")
+
+
+def drain_run(dsn: str, args: argparse.Namespace, variant: str, rep: int) -> None:
     reset(dsn)
-    recipient_of = (lambda i: f"r{i % recipients}") if recipients else (lambda i: None)
-    enq_s = enqueue(dsn, [(n, recipient_of)], args.chunk)
-    label = "none" if not recipients else str(recipients)
+    if args.history:
+        add_history(dsn, args.history)
+    label, groups = variant_groups(variant, args.jobs)
+    n = sum(c for c, _ in groups)
+    enq_s = enqueue(dsn, groups, args.chunk)
+    if args.analyze:
+        analyze(dsn)
     emit({"system": "autom", "test": "enqueue_batch", "recipients": label, "rep": rep, "jobs": n,
           "chunk": args.chunk, "secs": enq_s, "jobs_per_s": n / enq_s, "phase": args.phase,
-          "variant": args.variant}, args.out)
+          "variant": args.variant, "analyzed": args.analyze, "history": args.history}, args.out)
+    reads0 = index_reads(dsn)
     w = run_worker(dsn, args, n, f"drain-{label}-{rep}")
     counts = status_counts(dsn)
+    reads1 = index_reads(dsn)
+    reads = {k: reads1[k] - reads0.get(k, 0) for k in reads1}
     if w.get("failed"):
         emit({"system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n, "workers": args.workers,
               "batch": args.batch, "phase": args.phase, "pool_kwargs": args.pool_kwargs, "variant": args.variant,
               "dsn_options": args.dsn_options, "verified": False, "status_counts": counts, **w}, args.out)
         log(f"autom drain ({label} recipients) rep {rep}: the worker FAILED: {w['error']}")
         return
-    verified = counts == {"done": n} and w["handled"] == n
+    verified = counts == {"done": n + args.history} and w["handled"] == n
     rec = {
         "system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n, "variant": args.variant,
         "workers": args.workers, "batch": args.batch, "dsn_options": args.dsn_options, "py_spy": bool(args.py_spy),
         "pool_kwargs": args.pool_kwargs, "phase": args.phase, "setup_sql": args.setup_sql,
+        "analyzed": args.analyze, "history": args.history,
         "jobs_per_s": n / w["drain_s"], "start_to_stopped_jobs_per_s": n / w["start_to_stopped_s"],
         "span_jobs_per_s": (n / w["span_s"]) if w["span_s"] else None,
         "worker_cpu_us_per_job": w["worker_cpu_s"] / n * 1e6,
@@ -495,13 +559,16 @@ def drain_run(dsn: str, args: argparse.Namespace, recipients: int, rep: int) -> 
         "jobs_per_complete": w["completed"] / max(1, w["completes"]),
         "claim_ms_avg": 1000 * w["claim_s"] / max(1, w["claims"]),
         "complete_ms_avg": 1000 * w["complete_s"] / max(1, w["completes"]),
-        "status_counts": counts, "verified": verified, **{f"w_{k}": v for k, v in w.items() if k != "small"},
+        "status_counts": counts, "verified": verified, "index_reads": reads,
+        **{f"w_{k}": v for k, v in w.items() if k != "small"},
     }
     emit(rec, args.out)
     log(f"autom{' ' + args.variant if args.variant else ''} drain ({label} recipients) rep {rep}: "
         f"{rec['jobs_per_s']:.0f} jobs/s "
         f"(enqueue {n / enq_s:.0f}/s; {w['claims']} claims of {rec['jobs_per_claim']:.1f}, "
-        f"{w['completes']} completes of {rec['jobs_per_complete']:.1f}; verified={verified})")
+        f"{w['completes']} completes of {rec['jobs_per_complete']:.1f}; "
+        f"due-index entries read: free {reads.get('reads_jobs_due_free')}, all {reads.get('reads_jobs_due_all')}; "
+        f"verified={verified})")
 
 
 def fairness_run(dsn: str, args: argparse.Namespace, big_recipient: str | None) -> None:
@@ -531,7 +598,7 @@ def fairness_run(dsn: str, args: argparse.Namespace, big_recipient: str | None) 
 
 def drive(args: argparse.Namespace) -> int:
     emit(env_record(args.admin_dsn), args.out)
-    variants = [int(x) for x in args.recipients.split(",") if x.strip()]
+    variants = [x.strip() for x in args.recipients.split(",") if x.strip()]
     with bench_database(args.admin_dsn, "bench_worker", keep=args.keep_db) as dsn:
         if args.setup_sql:  # experiments only (e.g. dropping an index); recorded in every drain record
             import psycopg
@@ -589,7 +656,9 @@ def med(values: list[float | None]) -> float | None:
 
 #: report's rows for autom's records, by their ``recipients`` label (latency.py's "recipient" = drain's "1000")
 AUTOM_ROWS = {"none": "autom, jobs without recipient", "1000": "autom, jobs over 1,000 recipients",
-              "recipient": "autom, jobs over 1,000 recipients"}
+              "recipient": "autom, jobs over 1,000 recipients",
+              "1000+none": "autom, mixed: recipient jobs older than recipient-less ones",
+              "none+1000": "autom, mixed: recipient-less jobs older than recipient ones"}
 PEERS = ("pgqueuer", "procrastinate", "raw", "oban")
 
 
@@ -603,7 +672,8 @@ def collect(recs: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
     autom_rows, peers = AUTOM_ROWS, PEERS
 
     def row_name(r: dict[str, Any]) -> str:
-        name = autom_rows[r["recipients"]]
+        name = autom_rows[r["recipients"]] + (" (analyzed backlog)" if r.get("analyzed") else "") \
+            + (f" (after {r['history']} finished jobs)" if r.get("history") else "")
         return name.replace("autom,", f"autom {r['variant']},", 1) if r.get("variant") else name
 
     def add(name: str, key: str, value: Any) -> None:
@@ -744,7 +814,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=None,
                         help="WorkerPool(batch=...): most jobs per claim (default: WorkerPool's own)")
     parser.add_argument("--chunk", type=int, default=1000, help="jobs per enqueue_many call")
-    parser.add_argument("--recipients", default="0,1000", help="variants: 0 = no recipient, N = N recipients")
+    parser.add_argument("--recipients", default="0,1000",
+                        help="variants: 0 = no recipient, N = N recipients, A+B = a mixed backlog (A's jobs older)")
     parser.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", "1")))
     parser.add_argument("--first-rep", type=int, default=1, help="label of the first repetition")
     parser.add_argument("--fairness", action="store_true", help="add the fairness figure")
@@ -761,6 +832,12 @@ def main() -> int:
                         help="which autom this is (e.g. 'base' for an older checkout put first on PYTHONPATH); "
                              "report shows each variant on its own rows")
     parser.add_argument("--setup-sql", default=None, help="experiments: SQL run once after the migrations")
+    parser.add_argument("--analyze", action="store_true",
+                        help="analyze jobs and recipients after the enqueue: the planner knows the backlog "
+                             "(without it, as the peers' reset: statistics of the empty table)")
+    parser.add_argument("--history", type=int, default=0,
+                        help="N finished jobs in the table, analyzed, before each run's backlog (a long-running "
+                             "service's statistics: nearly every job finished)")
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
