@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import trio
 
+from autom.db.queries import Q
 from autom.errors import PermanentError, Retry
 from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
@@ -564,3 +565,47 @@ async def test_a_mixed_backlog_is_claimed_from_both_lanes_each_in_its_order(db, 
     assert taken_nc == nc_ids  # due order (run_at grows with the id here), none skipped
     assert taken_rc == {f"r{k}": rc_ids[k::10] for k in range(10)}  # each line in its order
     assert await db.fetch_val("select count(*) from jobs where status <> 'done'") == 0
+
+
+def _scans(plan: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    """Every scan of a plan (EXPLAIN's JSON): (node type, relation, index)."""
+    found = []
+    if "Relation Name" in plan or "Index Name" in plan:
+        found.append((plan["Node Type"], plan.get("Relation Name"), plan.get("Index Name")))
+    for child in plan.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+def _updates(plan: dict[str, Any], relation: str) -> list[dict[str, Any]]:
+    """The plan's updates of ``relation`` (a ModifyTable with Operation Update)."""
+    found = [plan] if plan.get("Operation") == "Update" and plan.get("Relation Name") == relation else []
+    for child in plan.get("Plans", []):
+        found += _updates(child, relation)
+    return found
+
+
+async def test_the_claim_updates_its_jobs_by_id_under_a_long_running_services_statistics(db):
+    """Nearly every job finished (due_at NULL) and analyzed, as a service's table is most
+    of its life, then a backlog: the statistics say "due_at <= now()" is about one row.
+    The claim's update must still find its jobs by primary key, for the batch claim and
+    the prepared claims of one and two; with the due guard as an index condition it walked
+    jobs_due_all, every due job, in every claim (bench/RESULTS.md, Speed round four)."""
+    store = make_store(db)
+    await store.enqueue_many([NewJob("old") for _ in range(20000)])
+    await db.execute("update jobs set status = 'done', finished_at = now()")
+    await db.execute("analyze jobs")
+    await store.enqueue_many([NewJob("m", recipient=f"r{i % 50}") for i in range(1000)])
+    await store.enqueue_many([NewJob("free") for _ in range(1000)])
+    statements = [(store._claim_few[(n, durable)], {}) for n in (1, 2) for durable in (False, True)]
+    statements.append((Q.claim, {"n": 63, "lease_seconds": 30.0, "durable": True}))
+    for sql, params in statements:
+        (plan,) = await db.fetch_val("explain (format json) " + sql, params)
+        (update,) = _updates(plan["Plan"], "jobs")
+        # the scan that finds the rows to update (not the InitPlan that reads pick's ids)
+        scans = [scan for child in update["Plans"] if child.get("Parent Relationship") == "Outer"
+                 for scan in _scans(child) if scan[1] == "jobs"]
+        assert scans and all(index == "jobs_pkey" for _, _, index in scans), scans
+    # and it claims, both lanes
+    jobs = await store.claim(63)
+    assert len(jobs) == 63 and {j.recipient is None for j in jobs} == {True, False}
