@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from autom.db.queries import Q
+from autom.errors import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from autom.deps import Deps
@@ -313,19 +314,23 @@ class Admission:
             return Refusal(503, "backlog", "the queue is busy, try again later", BACKLOG_RETRY_AFTER)
         return None
 
-    async def recipient_refusal(self, jobs: Iterable[NewJob]) -> Refusal | None:
+    async def recipient_refusal(self, jobs: Iterable[NewJob], deadline: float = math.inf) -> Refusal | None:
         """429 when a recipient of ``jobs`` has MAX_PENDING_PER_RECIPIENT unfinished jobs, else None.
 
         Only warm recipients cost a query (module docstring); raises
-        ``DatabaseUnavailable`` like any query.
+        ``DatabaseUnavailable`` like any query, and when one takes past ``deadline``
+        (trio time: the delivery's, autom/web/intake.py).
         """
         for recipient in {job.recipient for job in jobs if job.recipient is not None}:
             if self._warm.get(recipient, 0) + self._fed.get(recipient, 0) < self.warm_floor:
                 continue
-            count = await self.deps.db.fetch_val(
-                Q.admission_recipient_unfinished, {"recipient": recipient, "cap": self.recipient_cap},
-                prepare=True,
-            )
+            with trio.move_on_at(deadline) as counting:
+                count = await self.deps.db.fetch_val(
+                    Q.admission_recipient_unfinished, {"recipient": recipient, "cap": self.recipient_cap},
+                    prepare=True,
+                )
+            if counting.cancelled_caught:
+                raise DatabaseUnavailable("the admission checks took past the delivery's deadline")
             if int(count or 0) >= self.recipient_cap:
                 return Refusal(429, "recipient", "too many unfinished jobs for this recipient, try again later",
                                RECIPIENT_RETRY_AFTER)

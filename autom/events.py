@@ -141,6 +141,10 @@ class Stored(NamedTuple):
     handed: int = 0
 
 
+#: how a ``_Delivery.wait`` ended
+WOKEN, DEADLINE, GONE = 0, 1, 2
+
+
 class _Delivery:
     """One delivery waiting in a ``StoreBatcher``: its parameters, then its outcome."""
 
@@ -163,25 +167,28 @@ class _Delivery:
         if self._waiting is not None:
             self._waiting.cancel()
 
-    async def wait(self, gone: Gone | None) -> bool:
-        """Until woken (True), or until ``gone`` returns: its sender left (False).
+    async def wait(self, gone: Gone | None, deadline: float) -> int:
+        """Until woken (``WOKEN``), ``deadline`` (``DEADLINE``) or ``gone`` returns: its sender left (``GONE``).
 
         The request's own task waits on its sender's channel (``gone``), and waking
         cancels that wait: no task per delivery (spawning one cost ~30 µs, a twentieth
-        of a delivery's CPU).
+        of a delivery's CPU). The same cancel scope carries the deadline: a second
+        scope for it cost ~14 µs a delivery (bench/RESULTS.md, "Speed round four").
         """
         if self.woken:
             await trio.lowlevel.checkpoint()
-            return True
+            return WOKEN
         try:
-            with trio.CancelScope() as self._waiting:
+            with trio.CancelScope(deadline=deadline) as self._waiting:
                 if gone is None:
                     await trio.sleep_forever()
                 else:
                     await gone()
         finally:
-            self._waiting = None
-        return self.woken
+            scope, self._waiting = self._waiting, None
+        if self.woken:
+            return WOKEN
+        return DEADLINE if scope is not None and scope.cancelled_caught else GONE
 
 
 class StoreBatcher:
@@ -258,25 +265,31 @@ class StoreBatcher:
         delivery = _Delivery(params, deadline)
         self._queue.append(delivery)
         try:
-            with trio.move_on_at(deadline) as waiting:
-                if self._busy:
-                    if not await delivery.wait(gone):
-                        raise SenderGone(sent=delivery.taken)  # withdrawn below unless taken
-                else:
-                    self._busy = True
-                    delivery.lead = True
-                if delivery.lead and self._gather > 0:
-                    # let the deliveries the loop is working on right now join this hop;
-                    # wait_all_tasks_blocked is not only for tests: it returns once no task
-                    # can run and no I/O is ready (the run loop's own idle check)
-                    with trio.move_on_after(self._gather):
-                        await wait_all_tasks_blocked()
-            if waiting.cancelled_caught and delivery.taken:
-                await delivery.wait(None)  # taken by a hop just then: its answer comes from the hop
+            if self._busy:
+                ended = await delivery.wait(gone, deadline)
+                if ended == GONE:
+                    raise SenderGone(sent=delivery.taken)  # withdrawn below unless taken
+                if ended == DEADLINE and delivery.taken:
+                    await delivery.wait(None, math.inf)  # taken by a hop just then: its answer comes from the hop
+                    ended = WOKEN
+            else:
+                self._busy = True
+                delivery.lead = True
+                ended = WOKEN
+            if delivery.lead and self._gather > 0:
+                # let the deliveries the loop is working on right now join this hop;
+                # wait_all_tasks_blocked is not only for tests: it returns once no task
+                # can run and no I/O is ready (the run loop's own idle check). One scope
+                # for the gathering and the delivery's deadline.
+                gathered_by = trio.current_time() + self._gather
+                with trio.CancelScope(deadline=min(gathered_by, deadline)) as gathering:
+                    await wait_all_tasks_blocked()
+                if gathering.cancelled_caught and deadline < gathered_by:
+                    ended = DEADLINE
         except BaseException:
             self._withdraw(delivery)
             raise
-        if waiting.cancelled_caught and not delivery.taken:
+        if ended == DEADLINE:
             self._withdraw(delivery)
             raise DatabaseUnavailable("the delivery waited for the database until its deadline")
         if delivery.lead:

@@ -158,14 +158,12 @@ class Intake:
         dedup_key, jobs, parse_error = await self._parse(src, headers, body, text)
         stored = {k: v for k, v in headers.items() if k not in src.secret_headers and k not in ALWAYS_SECRET_HEADERS}
         try:
-            with trio.move_on_at(deadline) as before_store:  # the recipient's count may wait too
-                refusal = await self._admission_refusal(src, jobs)
-                if refusal is None:
-                    params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
-            if before_store.cancelled_caught:
-                raise DatabaseUnavailable("the admission checks took past the delivery's deadline")
+            # the recipient's count may wait for the database too: bounded by the deadline
+            # there, not by a cancel scope here, which every delivery would pay for (~14 µs)
+            refusal = await self._admission_refusal(src, jobs, deadline)
             if refusal is not None:
                 return refusal
+            params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
             event_id, created, handed = await self._batcher.deliver(params, deadline, gone)
         except SenderGone as exc:
             # no answer, so not counted; a delivery already sent is stored all the same
@@ -205,11 +203,12 @@ class Intake:
             )
         return Answer(202, b'{"id":%d,"jobs":%d}' % (event_id, created))
 
-    async def _admission_refusal(self, src: Source, jobs: Sequence[NewJob]) -> Answer | None:
-        """503 for a full backlog, 429 for a recipient at its cap (autom/admission.py), else None."""
+    async def _admission_refusal(self, src: Source, jobs: Sequence[NewJob], deadline: float) -> Answer | None:
+        """503 for a full backlog, 429 for a recipient at its cap (autom/admission.py), else None;
+        ``DatabaseUnavailable`` if counting a recipient's jobs takes past ``deadline``."""
         if self._admission is None:
             return None
-        refusal = self._admission.backlog_refusal(src) or await self._admission.recipient_refusal(jobs)
+        refusal = self._admission.backlog_refusal(src) or await self._admission.recipient_refusal(jobs, deadline)
         if refusal is None:
             return None
         self._admission.refuse(refusal.reason, src.name, refusal.message)
