@@ -96,6 +96,8 @@ MIN_HOP_SECONDS = 1.0
 
 #: What ``StoreBatcher.store`` may wait on besides its turn: returns once the sender is gone.
 Gone = Callable[[], Awaitable[object]]
+#: Or, cheaper, a check without waiting: whether the sender has gone (``StoreBatcher.store``).
+Left = Callable[[], bool]
 
 
 class SenderGone(Exception):
@@ -148,47 +150,62 @@ WOKEN, DEADLINE, GONE = 0, 1, 2
 class _Delivery:
     """One delivery waiting in a ``StoreBatcher``: its parameters, then its outcome."""
 
-    __slots__ = ("_waiting", "alone", "deadline", "error", "lead", "outcome", "params", "taken", "woken")
+    __slots__ = ("_event", "_waiting", "alone", "deadline", "departed", "error", "lead", "left", "outcome",
+                 "params", "taken", "woken")
 
-    def __init__(self, params: dict[str, Any], deadline: float) -> None:
+    def __init__(self, params: dict[str, Any], deadline: float, left: Left | None = None) -> None:
         self.params = params
         self.deadline = deadline  # trio time by which its sender is to have an answer
-        self.woken = False  # its batch is over, or it is to lead the next one
-        self._waiting: trio.CancelScope | None = None  # its wait (``wait``), cancelled to wake it
+        self.left = left  # whether its sender has gone (checked when a hop would take it)
+        self.woken = False  # its batch is over, or it is to lead the next one, or it departed
+        self._waiting: trio.CancelScope | None = None  # its wait on ``gone``, cancelled to wake it
+        self._event: trio.Event | None = None  # or its wait on this, set to wake it
         self.lead = False  # it runs the next hop (for everyone queued)
         self.taken = False  # it is in a batch (in flight or done)
+        self.departed = False  # its sender had gone when a hop would have taken it: withdrawn
         self.alone = False  # its batch failed: it is to be stored on its own
         self.outcome: Stored | None = None
         self.error: BaseException | None = None
 
     def wake(self) -> None:
-        """Its batch is over, or it is to lead the next one: end its ``wait``."""
+        """Its batch is over, or it is to lead the next one, or it departed: end its ``wait``."""
         self.woken = True
-        if self._waiting is not None:
+        if self._event is not None:
+            self._event.set()
+        elif self._waiting is not None:
             self._waiting.cancel()
 
     async def wait(self, gone: Gone | None, deadline: float) -> int:
         """Until woken (``WOKEN``), ``deadline`` (``DEADLINE``) or ``gone`` returns: its sender left (``GONE``).
 
-        The request's own task waits on its sender's channel (``gone``), and waking
-        cancels that wait: no task per delivery (spawning one cost ~30 µs, a twentieth
-        of a delivery's CPU). The same cancel scope carries the deadline: a second
-        scope for it cost ~14 µs a delivery (bench/RESULTS.md, "Speed round four").
+        Without ``gone`` the wait is on an ``Event``. With it, the request's own task
+        waits on its sender's channel (``gone``), and waking cancels that wait: no task
+        per delivery (spawning one cost ~30 µs, a twentieth of a delivery's CPU), but the
+        cancellation raised through the channel's receive costs ~40 µs more than an Event
+        (bench/RESULTS.md, "Speed round four"), so a delivery whose sender can be checked
+        without waiting (``left``) waits on the Event and is checked when a hop would take
+        it (``StoreBatcher._lead``). The wait's scope carries the deadline: a second scope
+        for it cost ~14 µs a delivery.
         """
         if self.woken:
             await trio.lowlevel.checkpoint()
             return WOKEN
-        try:
-            with trio.CancelScope(deadline=deadline) as self._waiting:
-                if gone is None:
-                    await trio.sleep_forever()
-                else:
+        with trio.CancelScope(deadline=deadline) as scope:
+            if gone is None:
+                self._event = event = trio.Event()
+                try:
+                    await event.wait()
+                finally:
+                    self._event = None
+            else:
+                self._waiting = scope
+                try:
                     await gone()
-        finally:
-            scope, self._waiting = self._waiting, None
+                finally:
+                    self._waiting = None
         if self.woken:
             return WOKEN
-        return DEADLINE if scope is not None and scope.cancelled_caught else GONE
+        return DEADLINE if scope.cancelled_caught else GONE
 
 
 class StoreBatcher:
@@ -205,9 +222,10 @@ class StoreBatcher:
     for a 503). No task of its own: the first delivery to find no hop in flight runs
     one for everything queued (the *leader*); when it ends, the first delivery still
     queued is woken to lead the next. A delivery whose sender disconnects while it
-    waits (``gone`` returns: ``SenderGone``) or whose request is cancelled leaves the
-    queue (nothing stored) unless its batch is already in flight: then it is stored
-    all the same, nobody hearing of it.
+    waits (``gone`` returns, or ``left`` says so when a hop would take it:
+    ``SenderGone``) or whose request is cancelled leaves the queue (nothing stored)
+    unless its batch is already in flight: then it is stored all the same, nobody
+    hearing of it.
 
     The ``deadline`` (trio time) bounds the wait: a delivery still queued then leaves
     the queue with ``DatabaseUnavailable`` (nothing was sent to the database). A hop
@@ -250,24 +268,29 @@ class StoreBatcher:
         return len(self._queue)
 
     async def store(self, params: dict[str, Any], deadline: float = math.inf,
-                    gone: Gone | None = None) -> tuple[int | None, int]:
+                    gone: Gone | None = None, left: Left | None = None) -> tuple[int | None, int]:
         """Store one delivery (``store_params``) by about ``deadline``; see the class docstring.
 
         ``gone``: returns once the sender has disconnected; a delivery whose sender
-        leaves while it waits raises ``SenderGone``.
+        leaves while it waits raises ``SenderGone``. ``left``, instead: says without
+        waiting whether the sender has gone; it is asked when a hop would take the
+        delivery (and at its deadline), and a delivery whose sender has gone by then
+        raises ``SenderGone`` (not sent). Both end in the same: what is withdrawn and
+        what is stored; ``left`` is cheaper, and a departed delivery leaves the queue
+        when its turn comes rather than at once.
         """
-        stored = await self.deliver(params, deadline, gone)
+        stored = await self.deliver(params, deadline, gone, left)
         return stored.event_id, stored.jobs
 
     async def deliver(self, params: dict[str, Any], deadline: float = math.inf,
-                      gone: Gone | None = None) -> Stored:
+                      gone: Gone | None = None, left: Left | None = None) -> Stored:
         """``store``, saying also how many of the delivery's jobs were handed off."""
-        delivery = _Delivery(params, deadline)
+        delivery = _Delivery(params, deadline, left)
         self._queue.append(delivery)
         try:
             if self._busy:
-                ended = await delivery.wait(gone, deadline)
-                if ended == GONE:
+                ended = await delivery.wait(None if left is not None else gone, deadline)
+                if ended == GONE or delivery.departed:
                     raise SenderGone(sent=delivery.taken)  # withdrawn below unless taken
                 if ended == DEADLINE and delivery.taken:
                     await delivery.wait(None, math.inf)  # taken by a hop just then: its answer comes from the hop
@@ -291,9 +314,13 @@ class StoreBatcher:
             raise
         if ended == DEADLINE:
             self._withdraw(delivery)
+            if left is not None and left():
+                raise SenderGone(sent=False)  # nobody to answer the 503
             raise DatabaseUnavailable("the delivery waited for the database until its deadline")
         if delivery.lead:
             await self._lead()
+            if delivery.departed:  # it led the hop for the others only
+                raise SenderGone(sent=False)
         if delivery.alone:
             return await self._store_alone(delivery)
         if delivery.error is not None:
@@ -302,14 +329,26 @@ class StoreBatcher:
         return delivery.outcome
 
     async def _lead(self) -> None:
-        taken, size = 0, 0
-        for delivery in self._queue[: self._max_batch]:
+        batch: list[_Delivery] = []
+        passed, size = 0, 0  # the queue's head that this hop takes or withdraws
+        for delivery in self._queue:
+            if len(batch) == self._max_batch:
+                break
+            if delivery.left is not None and delivery.left():
+                # its sender has gone (``store``'s ``left``): withdrawn, nothing of it is sent
+                delivery.departed = True
+                delivery.wake()
+                passed += 1
+                continue
             size += _size(delivery.params)
-            if taken and size > self._max_bytes:
+            if batch and size > self._max_bytes:
                 break  # the rest goes in the next hop
-            taken += 1
-        batch = self._queue[:taken]
-        del self._queue[:taken]
+            batch.append(delivery)
+            passed += 1
+        del self._queue[:passed]
+        if not batch:
+            self._hand_over()
+            return
         for delivery in batch:
             delivery.taken = True
         self.hops_run += 1
@@ -490,9 +529,9 @@ class StoreBatcher:
             self._busy = False
 
     def _withdraw(self, delivery: _Delivery) -> None:
-        """``delivery``'s request stopped waiting (cancelled, or at its deadline)."""
-        if delivery.taken:
-            return  # its batch is in flight: stored or not, nobody waits for the answer
+        """``delivery``'s request stopped waiting (cancelled, or at its deadline, or its sender gone)."""
+        if delivery.taken or delivery.departed:
+            return  # its batch is in flight (stored or not, nobody waits for the answer), or it left the queue
         self._queue.remove(delivery)
         if delivery.lead:
             self._hand_over()  # it was woken to lead, and never will

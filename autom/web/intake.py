@@ -45,7 +45,7 @@ from quart import Blueprint, Response
 from autom.admission import Admission
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
-from autom.events import Gone, SenderGone, StoreBatcher, encode_delivery
+from autom.events import Gone, Left, SenderGone, StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source
@@ -126,12 +126,15 @@ class Intake:
             log.info("webhook for an unknown source %s", ascii(source[:64]), extra={"outcome": "not_found"})
         return error_response(404, "unknown source")
 
-    async def deliver(self, src: Source, headers: Headers, body: bytes, gone: Gone | None = None) -> Answer | None:
+    async def deliver(self, src: Source, headers: Headers, body: bytes, gone: Gone | None = None,
+                      left: Left | None = None) -> Answer | None:
         """Handle one delivery to ``src`` (module docstring: checks, order, answers).
 
         ``gone`` returns once the sender has disconnected (the door waits on its ASGI
-        ``receive``): a delivery still waiting for the database then is withdrawn, one
-        already sent is stored all the same, and there is no answer (None).
+        ``receive``), or ``left`` tells without waiting whether it has (checked when a hop
+        would take the delivery: ``StoreBatcher.store``): a delivery still waiting for the
+        database then is withdrawn, one already sent is stored all the same, and there is
+        no answer (None).
 
         ``headers`` as ``request_headers`` gives them. The source's ``verify`` always
         runs, also for a delivery the door let in on ``verify_headers``: that is an
@@ -164,7 +167,7 @@ class Intake:
             if refusal is not None:
                 return refusal
             params = await encode_delivery(src.name, stored, text, dedup_key, jobs)
-            event_id, created, handed = await self._batcher.deliver(params, deadline, gone)
+            event_id, created, handed = await self._batcher.deliver(params, deadline, gone, left)
         except SenderGone as exc:
             # no answer, so not counted; a delivery already sent is stored all the same
             outcome = "sent" if exc.sent else "withdrawn"

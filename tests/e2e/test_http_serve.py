@@ -221,3 +221,43 @@ async def test_serving_freezes_the_start_up_objects_out_of_the_collectors_sight(
         assert (await app.client.get("/health")).status_code == 200
     async with running_app(db):
         assert gc.get_freeze_count() <= frozen  # once per process (frozen objects can still be freed)
+
+
+async def test_serve_http_tells_a_departed_client_without_waiting(db: Any) -> None:
+    """The door asks ``receive.departure_check()`` (DrainRequestBody's) whether a sender whose
+    delivery waits for a hop has gone, instead of waiting on ``receive`` (web/door.py). It can
+    only when hypercorn's receive is a trio memory channel's; when this fails after an
+    upgrade, the intake falls back to waiting on ``receive`` (correct, ~40 µs slower a delivery)."""
+    from autom.web.serve import serve_http
+
+    checks: list[Any] = []
+    read = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body", False):
+            pass
+        checks.append(receive.departure_check())
+        read.set()
+        with trio.fail_after(5):
+            while not checks[0]():  # the client closes without waiting for an answer
+                await trio.sleep(0.005)
+        checks.append("gone")
+
+    deps = make_deps(app_settings(), db)
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(partial(serve_http, deps, app, binds=["127.0.0.1:0"]))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(urls[0].rsplit(":", 1)[1]))
+        await stream.send_all(POST_UNSIGNED)
+        with trio.fail_after(5):
+            await read.wait()
+        assert checks[0] is not None and checks[0]() is False  # connected: nothing waits in its channel
+        await stream.aclose()
+        with trio.fail_after(5):
+            while len(checks) < 2:
+                await trio.sleep(0.005)
+        deps.shutdown.value = True

@@ -13,6 +13,7 @@ mid-batch: 503 for all of it and nothing stored.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +24,7 @@ import trio
 
 from autom.db import open_database
 from autom.errors import DatabaseUnavailable, QueryError
-from autom.events import GATHER_SECONDS, StoreBatcher, batch_items, store_params
+from autom.events import GATHER_SECONDS, SenderGone, StoreBatcher, batch_items, store_params
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
 from tests.support.restartable_pg import RestartablePg, restartable_pg
@@ -432,7 +433,8 @@ async def test_a_sender_that_disconnects_before_its_delivery_reaches_the_databas
 ) -> None:
     """Two senders leave while the database is held (a lock on events): the one whose delivery
     is in the hop in flight is stored all the same (it was sent), the one still queued behind
-    it is withdrawn; nobody gets an answer, and the intake serves on."""
+    it is withdrawn when its turn comes (serve_http's receive tells without waiting that its
+    sender has gone: ``departure_check``); nobody gets an answer, and the intake serves on."""
     async with running_app(db) as app:
         batcher = app.app.asgi_app.intake._batcher
         async with events_locked(dsn):
@@ -443,19 +445,116 @@ async def test_a_sender_that_disconnects_before_its_delivery_reaches_the_databas
             await second.send_all(telegram_request(2))
             with trio.fail_after(5):
                 await wait_queued(batcher, 1)
+            queued = batcher._queue[0]
+            assert queued.left is not None and not queued.left()  # checked without waiting, not waited on
             await first.aclose()
             await second.aclose()
             with trio.fail_after(5):
-                while batcher.queued:  # the second left the queue once its sender was gone
+                while not queued.left():  # the server has seen the second connection close
                     await trio.sleep(0.005)
         with trio.fail_after(5):
-            while batcher.hops_run < 1 or await count_rows(db, "events") < 1:
+            while batcher.queued or batcher.hops_run < 1 or await count_rows(db, "events") < 1:
                 await trio.sleep(0.01)
         response = await app.client.post("/hooks/telegram", content=telegram_request(3).split(b"\r\n\r\n")[1],
                                           headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET})
         assert response.status_code == 202
         assert batcher.hops_run == 2  # the held one, then the third: the second never went
     assert await stored_updates(db) == {"1", "3"}
+
+
+async def outcome(results: dict[int, Any], n: int, call: Awaitable[Any]) -> None:
+    """``results[n]``: what ``call`` (a ``store``) returned, or the SenderGone / DatabaseUnavailable it raised."""
+    try:
+        results[n] = await call
+    except (SenderGone, DatabaseUnavailable) as exc:
+        results[n] = exc
+
+
+async def start_held(nursery: trio.Nursery, batcher: StoreBatcher, one: Callable[..., Awaitable[None]],
+                     *args: Any) -> None:
+    """Start ``one(*args)`` and return once its hop is in flight (held there by ``events_locked``)."""
+    hops = batcher.hops_run
+    nursery.start_soon(one, *args)
+    while batcher.hops_run == hops:
+        await trio.sleep(0.005)
+
+
+async def test_a_sender_that_leaves_while_its_delivery_waits_is_withdrawn_at_its_turn(db: Any, dsn: str) -> None:
+    """``store``'s ``left``: asked when a hop would take a delivery. Of three queued behind a
+    held hop, the first (the next hop's leader) and the third have lost their senders: the
+    leader runs the hop for the second all the same, and neither departed one is stored."""
+    batcher = StoreBatcher(db)
+    gone: set[int] = set()
+    results: dict[int, Any] = {}
+
+    async def one(n: int) -> None:
+        await outcome(results, n, batcher.store(params(n), left=lambda: n in gone))
+
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        await start_held(nursery, batcher, one, 0)
+        for n in (1, 2, 3):
+            nursery.start_soon(one, n)
+            await wait_queued(batcher, n)
+        gone.update({1, 3})
+    assert set(results) == {0, 1, 2, 3}
+    assert all(isinstance(results[n], SenderGone) and not results[n].sent for n in (1, 3)), results
+    assert results[0][0] is not None and results[2][0] is not None
+    assert batcher.hops_run == 2 and batcher.queued == 0
+    assert {r["dedup_key"] for r in await db.fetch_all("select dedup_key from events")} == {"k0", "k2"}
+    # nothing left to store after the departures: no hop, and the batcher is idle again
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        await start_held(nursery, batcher, one, 4)
+        nursery.start_soon(one, 5)
+        await wait_queued(batcher, 1)
+        gone.add(5)
+    assert isinstance(results[5], SenderGone) and batcher.hops_run == 3
+    assert (await batcher.store(params(6)))[0] is not None
+
+
+async def test_a_sender_waited_on_leaves_the_queue_at_once(db: Any, dsn: str) -> None:
+    """``store``'s ``gone`` (a receive that cannot be checked without waiting): the queued
+    delivery waits on it, and leaves the queue the moment it returns, the hop still held."""
+    batcher = StoreBatcher(db)
+    left = trio.Event()
+    results: dict[int, Any] = {}
+
+    async def one(n: int, gone: Any = None) -> None:
+        await outcome(results, n, batcher.store(params(n), gone=gone))
+
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        await start_held(nursery, batcher, one, 0)
+        nursery.start_soon(one, 1, left.wait)
+        await wait_queued(batcher, 1)
+        left.set()
+        with trio.fail_after(5):
+            while batcher.queued:  # gone while the hop is still held
+                await trio.sleep(0.005)
+        assert isinstance(results[1], SenderGone) and not results[1].sent
+    assert results[0][0] is not None
+    assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
+
+
+async def test_a_departed_sender_at_its_deadline_is_withdrawn_without_a_503(db: Any, dsn: str) -> None:
+    """Still queued at its deadline, a delivery whose sender has gone is withdrawn (SenderGone),
+    not answered 503; one whose sender is there gets the 503 (DatabaseUnavailable)."""
+    batcher = StoreBatcher(db)
+    results: dict[int, Any] = {}
+
+    async def one(n: int, deadline: float, departed: bool) -> None:
+        await outcome(results, n, batcher.store(params(n), deadline, left=lambda: departed))
+
+    async with trio.open_nursery() as nursery, events_locked(dsn):
+        await start_held(nursery, batcher, one, 0, math.inf, False)
+        soon = trio.current_time() + 0.3
+        nursery.start_soon(one, 1, soon, True)
+        nursery.start_soon(one, 2, soon, False)
+        with trio.fail_after(5):
+            while len(results) < 2:
+                await trio.sleep(0.005)
+    assert isinstance(results[1], SenderGone) and not results[1].sent
+    assert isinstance(results[2], DatabaseUnavailable)
+    assert results[0][0] is not None
+    assert {r["dedup_key"] for r in await db.fetch_all("select dedup_key from events")} == {"k0"}
 
 
 async def test_a_delivery_the_database_does_not_store_within_its_deadline_gets_503_and_is_not_stored(
