@@ -484,9 +484,11 @@ class WorkerPool:
                     self.deps.metrics.job_seconds.labels(job.kind).observe(duration)
         except trio.Cancelled:
             if run.scope is not None and run.scope.cancel_called and not self._handler_scope.cancel_called:
-                # the local deadline passed (renewals failed) or a renewal found the claim gone;
-                # the runner's scope takes the Cancelled
-                self._drop(run, "lease could not be renewed; stopped the handler before its lease ran out")
+                # a renewal or the confirmation found the claim gone (lost), or the local deadline
+                # passed (renewals failed); the runner's scope takes the Cancelled
+                self._drop(run, "claim lost (another claim holds the job, or this one was never stored); "
+                                "stopped the handler" if run.lost else
+                                "lease could not be renewed; stopped the handler before its lease ran out")
             elif not run.settled:
                 # hard shutdown: give the job back now instead of waiting for its lease
                 outcome = Outcome(run, "released", Settle(job, "released", "interrupted by shutdown"))
@@ -539,6 +541,7 @@ class WorkerPool:
         if run.state == "queued" and self.queued.pop(run.key, None) is not None:
             self._drop(run, "lease lost before the job started; dropped it")
         elif run.state == "running" and run.scope is not None:
+            run.lost = True
             run.scope.cancel()  # _run_job drops it
         elif run.state == "finishing":
             run.lost = True  # its write is fenced and will match nothing

@@ -176,7 +176,8 @@ class NoTelegram:
 
 
 @pytest.mark.parametrize("recipient", [None, "chat-7"])
-async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any, recipient: str | None) -> None:
+async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any, recipient: str | None,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     """The worker's idle-path claim commits asynchronously; the server loses it. Its
     confirmation finds the job without that claim, and the handler is stopped at once,
     before anyone could claim the job again (not at a renewal), writing nothing. The job
@@ -197,6 +198,9 @@ async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any
         deps.shutdown.value = True
     (lost,) = store.lost
     assert lost.id == job_id and ended == ["cancelled"] and pool.confirmations == 1
+    # the operator reads why: not a renewal's failure
+    stopped = [r.getMessage() for r in caplog.records if "stopped the handler" in r.getMessage()]
+    assert len(stopped) == 1 and stopped[0].startswith("claim lost"), stopped
     row = await store.get(job_id)
     assert row is not None and (row["status"], row["attempts"], row["lease"]) == ("pending", 0, 0)
     again = await claim_one(store)
