@@ -233,8 +233,21 @@ def load_object(text: str) -> dict[str, Any]:
         raise ParseError("body is not valid JSON") from None
     if not isinstance(value, dict):
         raise ParseError(f"body is JSON but not an object (a {type(value).__name__})")
-    _check_storable(value)
+    if _may_be_unstorable(text):
+        _check_storable(value)
     return value
+
+
+def _may_be_unstorable(text: str) -> bool:
+    """Whether the values parsed from ``text`` need ``_check_storable``'s walk.
+
+    A parsed string can hold a NUL or an unpaired surrogate only from a ``\\u`` escape
+    or from the text itself (json.loads refuses raw control characters in strings),
+    and nesting deeper than ``MAX_JSON_DEPTH`` takes more opening brackets than that.
+    Three scans in C (~2 µs for a Telegram update) instead of the walk (~9 µs).
+    """
+    return ("\\u" in text or text.count("[") + text.count("{") > MAX_JSON_DEPTH
+            or _UNSTORABLE.search(text) is not None)
 
 
 def object_or_none(body: bytes) -> dict[str, Any] | None:

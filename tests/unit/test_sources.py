@@ -32,7 +32,7 @@ from autom.sources import (
     enabled_sources,
     replay_sources,
 )
-from autom.sources.base import MAX_KEY_CHARS, load_object
+from autom.sources.base import MAX_KEY_CHARS, _check_storable, _may_be_unstorable, load_object
 from autom.sources.standard import decode_secret
 
 NOW = 1_700_000_000.0
@@ -320,6 +320,37 @@ class TestSiteDedupAndParse:
 
     def test_paired_surrogate_escapes_are_fine(self) -> None:
         assert load_object('{"a": "\\ud83d\\ude00"}') == {"a": "😀"}
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            '{"a": "plain", "b": ["é", "😀", {"c": null}]}',  # raw non-ASCII: no walk needed
+            '{"a": "\\\\u0000"}',  # an escaped backslash before "u0000": no NUL, walked all the same
+            '{"a": "\\u00e9"}',
+            '{"a": "x\\u0000y"}',
+            '{"a": "\\udc00"}',
+            '{"a": "\ud800"}',  # a raw lone surrogate in the text itself (not from UTF-8)
+            '{"a": ' + "[" * 126 + "]" * 126 + "}",  # 127 levels with the object: the bound is 128
+            '{"a": ' + "[" * 127 + "]" * 127 + "}",  # 128
+            '{"a": ' + "[" * 128 + "]" * 128 + "}",  # 129: too deep
+            '{"a": "[[[[", "b": ' + "[" * 126 + "]" * 126 + "}",  # brackets in strings count too
+        ],
+    )
+    def test_the_walk_is_skipped_only_where_it_cannot_refuse(self, text: str) -> None:
+        """load_object walks the parsed values (NUL, unpaired surrogates, depth) only when
+        the text could hold one of them; its verdict is the walk's either way."""
+        value = json.loads(text)
+        try:
+            _check_storable(value)
+            walk_refuses = False
+        except ParseError:
+            walk_refuses = True
+        if walk_refuses:
+            assert _may_be_unstorable(text)
+            with pytest.raises(ParseError):
+                load_object(text)
+        else:
+            assert load_object(text) == value
 
 
 # --- github ------------------------------------------------------------------------
