@@ -48,6 +48,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -97,6 +99,33 @@ end
 # --- the server (child process) ---------------------------------------------------------
 
 
+@asynccontextmanager
+async def bench_app(dsn: str, pool_size: int) -> AsyncIterator[tuple[Any, Any]]:
+    """``(deps, app)``: the service's HTTP app over a pool of ``pool_size`` on ``dsn``, as the
+    intake benchmarks run it (Telegram's secret ``SECRET``; the door's lockout of a client that
+    keeps failing verification off). Also bench/intake_cpu.py's."""
+    from autom.admission import FailingClients
+    from autom.config import Settings
+    from autom.db import open_database
+    from autom.deps import Deps
+    from autom.jobs.store import JobStore
+    from autom.sources import enabled_sources
+    from autom.web import create_app
+
+    settings = Settings(telegram_webhook_secret=SECRET, host="127.0.0.1", shutdown_grace_seconds=5)
+    async with open_database(dsn, min_size=pool_size, max_size=pool_size, pool_timeout=5.0) as db:
+        deps = Deps(settings=settings, db=db, store=JobStore(db), sources=enabled_sources(settings),
+                    telegram=None)  # type: ignore[arg-type]
+        app = create_app(deps)
+        admission = app.extensions.get("autom.admission")
+        if admission is not None:
+            # The no-DB route fails verification on purpose, thousands of times: without
+            # this, after FAIL_LIMIT failures the door blocks 127.0.0.1 and that route
+            # measures a 429 with a new connection per request instead of the 401.
+            admission.failing = FailingClients(limit=10**9)
+        yield deps, app
+
+
 def serve(dsn: str, pool_size: int, log_file: str) -> None:
     """Run the intake alone until SIGTERM; print ``READY <url>`` once it listens."""
     import logging
@@ -104,14 +133,8 @@ def serve(dsn: str, pool_size: int, log_file: str) -> None:
 
     import trio
 
-    from autom.admission import FailingClients
-    from autom.config import Settings
-    from autom.db import open_database
-    from autom.deps import Deps
-    from autom.jobs.store import JobStore
     from autom.logs import JsonFormatter
-    from autom.sources import enabled_sources
-    from autom.web import create_app, serve_http
+    from autom.web import serve_http
 
     handler = logging.FileHandler(log_file)
     handler.setFormatter(JsonFormatter())
@@ -120,23 +143,11 @@ def serve(dsn: str, pool_size: int, log_file: str) -> None:
     logging.getLogger("hypercorn.access").setLevel(logging.WARNING)  # as autom.logs.configure_logging
     logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
 
-    settings = Settings(telegram_webhook_secret=SECRET, host="127.0.0.1", shutdown_grace_seconds=5)
-
     async def main() -> None:
-        async with open_database(dsn, min_size=pool_size, max_size=pool_size, pool_timeout=5.0) as db:
-            deps = Deps(settings=settings, db=db, store=JobStore(db), sources=enabled_sources(settings),
-                        telegram=None)  # type: ignore[arg-type]
-            app = create_app(deps)
-            admission = app.extensions.get("autom.admission")
-            if admission is not None:
-                # The no-DB route fails verification on purpose, thousands of times: without
-                # this, after FAIL_LIMIT failures the door blocks 127.0.0.1 and that route
-                # measures a 429 with a new connection per request instead of the 401.
-                admission.failing = FailingClients(limit=10**9)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_on_signal, deps)
-                urls = await nursery.start(partial(serve_http, deps, app, binds=["127.0.0.1:0"]))
-                print("READY", urls[0], flush=True)
+        async with bench_app(dsn, pool_size) as (deps, app), trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, deps)
+            urls = await nursery.start(partial(serve_http, deps, app, binds=["127.0.0.1:0"]))
+            print("READY", urls[0], flush=True)
 
     async def _stop_on_signal(deps: Any) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -31,8 +31,6 @@ import psycopg
 import trio
 from psycopg.conninfo import make_conninfo
 
-SECRET = "bench-telegram-secret"
-
 
 def main() -> None:
     """Create the database, run the senders, print the figures, drop it."""
@@ -46,16 +44,11 @@ def main() -> None:
     parser.add_argument("--variant", default=None, help="a name printed with the figures")
     args = parser.parse_args()
 
+    from intake import SECRET, bench_app  # bench/ is this script's folder, first on sys.path
+
     import autom
-    from autom.admission import FailingClients
-    from autom.config import Settings
-    from autom.db import open_database
     from autom.db.migrate import apply_migrations_sync
-    from autom.deps import Deps
-    from autom.jobs.store import JobStore
     from autom.logs import JsonFormatter
-    from autom.sources import enabled_sources
-    from autom.web import create_app
     from autom.web.serve import DrainRequestBody, ShieldFinalSend
 
     handler = logging.FileHandler(os.devnull)  # a log line per delivery is formatted, as in service
@@ -66,18 +59,11 @@ def main() -> None:
     with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{dbname}"')
     dsn = make_conninfo(args.admin_dsn, dbname=dbname)
-    settings = Settings(telegram_webhook_secret=SECRET, host="127.0.0.1", shutdown_grace_seconds=5)
     result: dict[str, Any] = {}
 
     async def run() -> None:
-        async with open_database(dsn, min_size=16, max_size=16, pool_timeout=5.0) as db:
-            deps = Deps(settings=settings, db=db, store=JobStore(db), sources=enabled_sources(settings),
-                        telegram=None)  # type: ignore[arg-type]
-            app = create_app(deps)
-            admission = app.extensions.get("autom.admission")
-            if admission is not None:
-                admission.failing = FailingClients(limit=10**9)
-            stack = DrainRequestBody(ShieldFinalSend(app), settings.max_body_bytes)
+        async with bench_app(dsn, 16) as (deps, app):
+            stack = DrainRequestBody(ShieldFinalSend(app), deps.settings.max_body_bytes)
             batcher = getattr(getattr(app.asgi_app, "intake", None), "_batcher", None)
             counter = 0
             statuses: dict[int, int] = {}
