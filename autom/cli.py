@@ -123,10 +123,13 @@ def _run_ops(fn: Callable[[Any], Any]) -> Any:
 
 
 def _error_column(error: str | None, room: int | None) -> str:
-    """A job's error for a table: the external API's description first, cut to ``room`` (None: whole)."""
-    from autom.ops import error_headline
+    """A job's error for a table: the external API's description first, cut to ``room`` (None: whole).
 
-    text = error_headline(error) or "-"
+    Control characters of the stored text are shown escaped (``\\x1b``), never sent to the terminal.
+    """
+    from autom.ops import error_headline, visible
+
+    text = visible(error_headline(error), one_line=True) or "-"
     return text if room is None or len(text) <= room else text[: room - 1] + "…"
 
 
@@ -145,7 +148,9 @@ def _when(job: dict[str, Any], *names: str) -> str:
 
 
 def cmd_failed(args: argparse.Namespace) -> int:
-    """``autom failed``: the latest failed jobs."""
+    """``autom failed``: the latest failed jobs (stored text with its control characters escaped)."""
+    from autom.ops import visible
+
     jobs = _run_ops(lambda ops: ops.failed_jobs(args.limit))
     if args.json:
         print(json.dumps(jobs, indent=2, default=str))
@@ -155,7 +160,8 @@ def cmd_failed(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':>8}  {'KIND':<20}  {'ATTEMPTS':>8}  {'FAILED AT (UTC)':<19}  LAST ERROR")
     for job in jobs:
-        head = (f"{job['id']:>8}  {job['kind'][:20]:<20}  {job['attempts']:>3}/{job['max_attempts']:<4}  "
+        kind = visible(job["kind"], one_line=True)
+        head = (f"{job['id']:>8}  {kind[:20]:<20}  {job['attempts']:>3}/{job['max_attempts']:<4}  "
                 f"{_when(job, 'finished_at', 'updated_at'):<19}  ")
         print(head + _error_column(job.get("last_error"), _error_room(len(head))))
     print(f"\n{len(jobs)} failed job(s). Fix the cause, then: autom retry JOB_ID (or autom retry --failed)")

@@ -96,6 +96,30 @@ def error_headline(error: str | None) -> str:
     return f"{match['description']} ({match['wrapper']})"
 
 
+#: What would act on a screen instead of showing: C0/C1 controls but tab and line ends (a
+#: terminal's escape sequences), bidi controls (U+202E turns the rest of a line around),
+#: zero-width space, line/paragraph separators, and unpaired surrogates (UTF-8 cannot hold them).
+_HIDDEN = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e"
+                     r"\u2060-\u2069\ufeff\ud800-\udfff]")
+#: ... and, for one line of a terminal's table, tab and line ends too
+_HIDDEN_IN_LINE = re.compile(_HIDDEN.pattern.replace("[", "[\\t\\n\\r", 1))
+
+
+def visible(text: str, *, one_line: bool = False) -> str:
+    """``text`` with every character that would act on the screen (``_HIDDEN``) shown escaped instead.
+
+    ESC becomes ``\\x1b``, U+202E ``\\u202e``, a lone surrogate ``\\ud800``: what stored text
+    holds stays readable, and never reorders, clears or colours what follows it.
+    ``one_line``: tab and line ends are escaped too (a row of a terminal's table).
+    """
+    return (_HIDDEN_IN_LINE if one_line else _HIDDEN).sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 @dataclass(frozen=True)
 class JobFilter:
     """Which jobs a list (or a bulk retry) is about; ``None`` = any. ``since``/``until`` bound created_at."""

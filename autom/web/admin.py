@@ -84,6 +84,8 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     bp = Blueprint("admin", __name__, url_prefix="/admin")
     admin = Admin(deps)
     bp.before_request(admin.authenticate)
+    # on the app, not the blueprint: also Quart's own 404/405 for /admin paths no route serves
+    bp.after_app_request(_never_stored)
     bp.add_url_rule("/jobs", "list_jobs", admin.list_jobs, methods=["GET"])
     bp.add_url_rule("/retry-failed", "retry_failed", admin.retry_failed, methods=["POST"])
     bp.add_url_rule("/jobs/<job_id>", "get_job", admin.get_job, methods=["GET"])
@@ -301,6 +303,17 @@ def bearer_token(value: bytes) -> bytes | None:
 def parse_id(raw: str, what: str) -> int:
     """A path id: ASCII digits, 1 ≤ id ≤ 2^63-1 (``bigint``); else ``BadParameter`` (a ``BadRequest``)."""
     return p.ident(f"{what} id", raw)
+
+
+#: on every /admin answer: operator data is never cached (by a browser or a proxy), nor sniffed as HTML
+ADMIN_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+async def _never_stored(response: Response) -> Response:
+    """``ADMIN_HEADERS`` on an answer to an ``/admin`` path (every answer, errors included)."""
+    if request.path == "/admin" or request.path.startswith("/admin/"):
+        response.headers.update(ADMIN_HEADERS)
+    return response
 
 
 def _unauthorized(message: str) -> Response:

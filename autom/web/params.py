@@ -87,19 +87,23 @@ def limit(maximum: int) -> Parser:
 
 
 def parse_time(raw: str, now: datetime) -> datetime:
-    """An ISO 8601 time (no zone = UTC) or an age before ``now``: ``90s``, ``30m``, ``6h``, ``7d``.
+    """An ISO 8601 time (no zone = UTC) or an age before ``now``: ``90s``, ``30m``, ``6h``, ``7d``; in UTC.
 
-    Raises ``ValueError`` with a one-line reason.
+    Raises ``ValueError`` with a one-line reason, also for a time outside the years
+    1 to 9999 (``999999d`` ago).
     """
     raw = raw.strip()
     relative = _RELATIVE.fullmatch(raw)
-    if relative:
-        return now - timedelta(seconds=int(relative[1]) * _UNITS[relative[2]])
     try:
+        if relative:
+            return now - timedelta(seconds=int(relative[1]) * _UNITS[relative[2]])
         when = datetime.fromisoformat(raw)
+        # in UTC, so that every value a query gets lies within the years 1 to 9999
+        return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    except OverflowError:  # 999999d ago, or 0001-01-01T00:00+14:00: before the year 1 (or after 9999)
+        raise ValueError("is out of range (years 1 to 9999)") from None
     except ValueError:
         raise ValueError("must be an ISO 8601 time (2026-12-01T09:30:00Z) or an age such as 30m, 6h, 7d") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def when(name: str, raw: str) -> datetime:

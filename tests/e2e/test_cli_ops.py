@@ -62,6 +62,20 @@ def run_on_a_terminal(*args: str, env: dict[str, str], cwd) -> str:
     return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
+async def test_failed_shows_control_characters_of_stored_text_escaped(dsn, db, tmp_path):
+    # an error text (and a kind) holding a terminal's escape sequences and a bidi override
+    job_id = await make_failed_job(db, kind="site.\x1b[31mform", error="boom \x1b[2J\x1b]0;owned\x07 \u202eevil\x9b")
+    for shown in (
+        (await autom("failed", env=env_for(dsn), cwd=tmp_path)).stdout,
+        await trio.to_thread.run_sync(lambda: run_on_a_terminal("failed", env=env_for(dsn, COLUMNS="200"),
+                                                                cwd=tmp_path)),
+    ):
+        assert str(job_id) in shown
+        assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown and "\x9b" not in shown
+        assert r"boom \x1b[2J\x1b]0;owned\x07 \u202eevil\x9b" in shown
+        assert r"site.\x1b[31mform" in shown
+
+
 async def test_failed_lists_failed_jobs_readably_and_as_json(dsn, db, tmp_path):
     first = await make_failed_job(db)
     second = await make_failed_job(db, kind="telegram.message", error=TELEGRAM_400 + " " + "x" * 300)

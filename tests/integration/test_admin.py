@@ -223,6 +223,25 @@ async def test_list_rejects_malformed_parameters_with_one_line_400(app: RunningA
     assert error and "\n" not in error
 
 
+@pytest.mark.parametrize("value", ["999999d", "0001-01-01T00:00:00%2B14:00", "9999-12-31T23:59:59-14:00"])
+async def test_a_time_out_of_range_is_400_naming_it_everywhere(app: RunningApp, value: str) -> None:
+    for method, path in (("GET", "/admin/jobs"), ("GET", "/admin/events"), ("POST", "/admin/retry-failed")):
+        for name in ("since", "until") if method == "GET" else ("since",):
+            response = await app.client.request(method, f"{path}?{name}={value}", headers=AUTH)
+            assert response.status_code == 400, (path, name, value, response.text)
+            assert response.json()["error"].startswith(f"{name} "), response.text
+
+
+async def test_every_admin_answer_is_no_store_and_nosniff(app: RunningApp) -> None:
+    for method, path, headers in (("GET", "/admin/stats", AUTH), ("GET", "/admin/stats", {}),
+                                  ("GET", "/admin/jobs?colour=red", AUTH), ("GET", "/admin/jobs/424242", AUTH),
+                                  ("GET", "/admin/nope", AUTH), ("PUT", "/admin/stats", AUTH),
+                                  ("POST", "/admin/retry-failed", AUTH)):
+        response = await app.client.request(method, path, headers=headers)
+        assert response.headers.get("cache-control") == "no-store", (method, path, response.status_code)
+        assert response.headers.get("x-content-type-options") == "nosniff", (method, path)
+
+
 # --- GET /admin/jobs/{id}, /admin/events/{id} -------------------------------------------------
 
 

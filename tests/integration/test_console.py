@@ -189,6 +189,53 @@ async def test_sender_values_are_escaped_everywhere(app: RunningApp, db: Any) ->
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
+async def test_a_lone_surrogate_in_a_stored_body_is_shown_escaped_not_a_500(app: RunningApp, db: Any) -> None:
+    # a JSON escape of an unpaired surrogate is valid JSON text (PostgreSQL stores the escape)
+    # but its decoded string cannot be sent as UTF-8
+    body = '{"text": "\\ud800 alone", "more": ["\\udfff"]}'
+    event_id = await db.fetch_val("insert into events (source, headers, body, dedup_key) "
+                                  "values ('site', '{}', %s, 'k1') returning id", [body])
+    async with logged_in(app) as (client, _):
+        page = await client.get(f"/ui/events/{event_id}")
+        assert page.status_code == 200, page.text[:300]
+        json_part = page.text.split("Body as JSON", 1)[1].split("Body as sent", 1)[0]
+        assert "\\ud800 alone" in json_part and "\\udfff" in json_part
+        assert (await client.get("/ui/events")).status_code == 200
+
+
+async def test_bidi_and_control_characters_in_stored_text_are_shown_escaped(app: RunningApp, db: Any) -> None:
+    rlo = "\u202e"
+    event_id = await db.fetch_val(
+        "insert into events (source, headers, body, dedup_key) values ('site', %s, %s, %s) returning id",
+        [json.dumps({"x-name": f"a{rlo}b"}), json.dumps({"text": f"c{rlo}d\x1b[2J"}), f"key{rlo}1"])
+    job = await JobStore(db).enqueue(NewJob(f"site.{rlo}form", {"t": f"e{rlo}f"}, recipient=f"r{rlo}1",
+                                            key=f"k{rlo}2", event_id=event_id))
+    await db.execute("update jobs set status = 'failed', last_error = %s, finished_at = now() where id = %s",
+                     [f"RuntimeError: {rlo}gnorts\u2066x\u2069 \x1b[31mred", job])
+    async with logged_in(app) as (client, _):
+        for path in (f"/ui/jobs/{job}", f"/ui/events/{event_id}", "/ui/jobs", "/ui/jobs?status=failed",
+                     "/ui/events", "/ui/"):
+            response = await client.get(path)
+            assert response.status_code == 200, (path, response.text[:300])
+            for hidden in (rlo, "\u2066", "\u2069", "\x1b"):
+                assert hidden not in response.text, (path, hidden)
+        page = (await client.get(f"/ui/jobs/{job}")).text
+        assert "RuntimeError: \\u202egnorts\\u2066x\\u2069 \\x1b[31mred" in page
+        assert "k\\u202e2" in page and "r\\u202e1" in page and "site.\\u202eform" in page
+        event = (await client.get(f"/ui/events/{event_id}")).text
+        assert "a\\u202eb" in event and "key\\u202e1" in event and "c\\u202ed" in event
+
+
+async def test_a_worker_replica_answers_every_console_path_404(db: Any) -> None:
+    async with running_app(db, app_settings(role="worker")) as app:
+        for method, path in (("GET", "/ui/"), ("GET", "/ui/login"), ("GET", "/ui/jobs?status=failed"),
+                             ("GET", "/ui/jobs/1"), ("POST", "/ui/login"), ("GET", "/ui/static/console.css")):
+            response = await app.client.request(method, path)
+            assert response.status_code == 404, (method, path, response.status_code, response.text[:200])
+            assert "no such console page" in response.text
+        assert (await app.client.get("/admin/stats")).status_code == 404
+
+
 async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any) -> None:
     store = JobStore(db)
     job_id = await store.enqueue(NewJob("site.form", {"name": "Ada", "n": 1}, max_attempts=3))
@@ -230,6 +277,17 @@ async def test_jobs_list_filters_pages_and_clamps(app: RunningApp, db: Any) -> N
             response = await client.get(f"/ui/jobs?{bad}")
             assert response.status_code == 400, bad
             assert 'class="error"' in response.text
+
+
+async def test_a_time_out_of_range_is_400_naming_it_on_every_page(app: RunningApp) -> None:
+    async with logged_in(app) as (client, csrf):
+        for path in ("/ui/jobs?since=999999d", "/ui/jobs?until=999999d", "/ui/events?since=999999d",
+                     "/ui/retry-failed?since=999999d", "/ui/jobs?since=0001-01-01T00:00:00%2B14:00"):
+            response = await client.get(path)
+            assert response.status_code == 400, (path, response.status_code)
+            assert ">since is out of range" in response.text or ">until is out of range" in response.text, path
+        response = await client.post("/ui/retry-failed", data={"csrf": csrf, "since": "999999d"})
+        assert response.status_code == 400 and "since is out of range" in response.text
 
 
 async def test_event_page_replay_and_events_list(app: RunningApp, db: Any) -> None:

@@ -92,3 +92,12 @@ def test_times_are_iso_or_an_age() -> None:
     for bad in ("yesterday", "6 hours", "-5m", "2026-13-01"):
         with pytest.raises(ValueError, match="ISO 8601"):
             parse_time(bad, NOW)
+
+
+def test_visible_escapes_what_would_act_on_the_screen_and_keeps_the_rest() -> None:
+    from autom.ops import visible
+
+    assert visible("a\x1b[2Jb\u202ec\ud800d\x9b\u2066e\u200ff") == "a\\x1b[2Jb\\u202ec\\ud800d\\x9b\\u2066e\\u200ff"
+    kept = "tab\tnew\nline\r é ü 😀 👨\u200d👩 שלום مرحبا"
+    assert visible(kept) == kept
+    assert visible("a\tb\nc", one_line=True) == "a\\x09b\\x0ac"

@@ -10,12 +10,14 @@ from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from quart import Blueprint, Response, g, render_template, request
+import jinja2
+from markupsafe import Markup
+from quart import Blueprint, Response, g, request
 
 from autom.admission import client_key
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
-from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline
+from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline, visible
 from autom.web import params as p
 from autom.web.console import present
 from autom.web.console.auth import COOKIE, LoginLimiter, Session, Sessions, cross_site
@@ -63,6 +65,29 @@ NOTICES = {
 }
 
 
+def _shown(value: Any) -> Any:
+    """What a template prints of ``value``: stored text with what would act on the screen escaped.
+
+    A bidi override (U+202E) would turn the rest of its cell around, autom's own text
+    included; an unpaired surrogate (from a JSON escape in an event body) cannot be
+    sent as UTF-8 at all. Both, and control characters, show as ``\\u202e`` etc.
+    """
+    return visible(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+#: The console's own template environment (not the app's): the error pages render under
+#: ROLE=worker too, where the console's blueprint is not registered. Everything is escaped
+#: (autoescape) and shown visibly (``_shown``) before it is escaped.
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("autom.web.console", "templates"), autoescape=True, finalize=_shown,
+)
+
+
+def render(template: str, **context: Any) -> str:
+    """``template`` of the console rendered with ``context``."""
+    return TEMPLATES.get_template(template).render(when=present.when, headline_of=error_headline, **context)
+
+
 class PageError(Exception):
     """An answer other than the page: its status and one line for the person."""
 
@@ -73,7 +98,7 @@ class PageError(Exception):
 
 def console_blueprint(deps: Deps) -> Blueprint:
     """The blueprint serving ``/ui/...`` for ``deps``."""
-    bp = Blueprint("console", __name__, url_prefix="/ui", template_folder="templates")
+    bp = Blueprint("console", __name__, url_prefix="/ui")
     console = Console(deps)
     bp.before_request(console.guard)
     bp.after_request(console.secure)
@@ -420,8 +445,7 @@ class Console:
     async def _render(self, template: str, status: int = 200, **context: Any) -> Response:
         session: Session | None = g.get("console_session")
         csrf = self._sessions.csrf_token(session) if session is not None and self._sessions else ""
-        body = await render_template(template, csrf=csrf, logged_in=session is not None, when=present.when,
-                                     headline_of=error_headline, **context)
+        body = render(template, csrf=csrf, logged_in=session is not None, **context)
         return Response(body, status=status, content_type="text/html; charset=utf-8")
 
     async def _error(self, status: int, message: str) -> Response:
@@ -430,8 +454,7 @@ class Console:
 
 async def error_page(status: int, message: str) -> Response:
     """An HTML error answer for a ``/ui/`` path no console route serves (404, 405), with the security headers."""
-    body = await render_template("message.html", csrf="", logged_in=False, when=present.when,
-                                 headline_of=error_headline, code=status, message=message)
+    body = render("message.html", csrf="", logged_in=False, code=status, message=message)
     return Response(body, status=status, content_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
 
