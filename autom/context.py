@@ -12,17 +12,17 @@
             await tx.execute("insert into orders (id) values (%s) on conflict do nothing", [job.payload["id"]])
         await ctx.enqueue("telegram.send", {"chat_id": MANAGER, "text": "New order"}, recipient=str(MANAGER))
 
-Work committed with its job: what ``enqueue`` buffers and what ``transaction()``
+Work committed with its job: what ``enqueue`` inserts and what ``transaction()``
 blocks write commit in one transaction with the update that marks the job done,
-fenced by the claim's lease generation; if the handler raises, times out, or
-lost its lease, none of it is written (``autom.jobs.handler_tx``).
+fenced by the claim's lease; if the handler raises, times out, or lost its lease,
+none of it is written (``autom.jobs.handler_tx``).
 
-``once(key)`` is different on purpose: its record commits at the clean exit of
-the block, in its own short transaction (also fenced), so that a crash after
-the block does not repeat the effect. The window it cannot close: the process
-dies after the effect happened and before the record commits (a few
-milliseconds). Cure: pass ``ctx.idempotency_key(name)`` to the API as its
-idempotency key, so a repeat is recognised on the other side.
+``once(key)`` holds its key while its block runs (another run entering it waits)
+and records it at the block's clean exit, in one transaction with what the block
+wrote and enqueued, retried through database outages until it commits or the
+lease is known lost. The window left: the process dies or freezes after the
+effect and before the record; ``ctx.idempotency_key(name)`` closes it for APIs
+that take one.
 
 The context is created per run on the worker's hot path: three fields, no I/O;
 the logger, the transaction and the enqueue buffer are made only when used.
@@ -34,6 +34,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,7 @@ import trio
 
 from autom.checks import check as _check
 from autom.db.queries import Q
-from autom.errors import LeaseLost, PermanentError
+from autom.errors import DatabaseUnavailable, LeaseLost, PermanentError, QueryError, TransientError
 from autom.jobs.handler_tx import HandlerTransaction
 from autom.jobs.models import Job, NewJob
 from autom.sources.base import key_text
@@ -55,8 +56,16 @@ if TYPE_CHECKING:
     from autom.telegram import TelegramClient
     from autom.worker.run import Run
 
-#: how long recording a ``once`` key may take when the run is being cancelled
-ONCE_RECORD_SECONDS = 5.0
+#: how long one try at recording a ``once`` key (or releasing it) may take before it is tried again
+ONCE_TRY_SECONDS = 5.0
+#: how long a run waits between looks at a key another live run holds (doubling up to ONCE_WAIT_MAX_SECONDS)
+ONCE_WAIT_SECONDS = 0.02
+ONCE_WAIT_MAX_SECONDS = 0.5
+
+log = logging.getLogger("autom.once")
+
+#: the ``once`` block the current task is in (its transaction takes the block's writes and follow-ups)
+_IN_ONCE: ContextVar[HandlerTransaction | None] = ContextVar("autom_once_block", default=None)
 
 
 class BoundedHTTP(httpx.AsyncClient):
@@ -110,9 +119,9 @@ class Services:
 
 
 class RunState:
-    """The mutable part of one run: what it enqueued, its transaction, the once keys it recorded."""
+    """The mutable part of one run: its transaction (what it wrote and enqueued) and its claim."""
 
-    __slots__ = ("complete", "db", "enqueued", "once_recorded", "run", "tx")
+    __slots__ = ("complete", "db", "run", "tx")
 
     def __init__(self, db: Database, complete: Callable[[Tx], Awaitable[None]], run: Run | None = None) -> None:
         self.db = db
@@ -120,20 +129,27 @@ class RunState:
         self.complete = complete
         #: the claim (its local deadline bounds ``HandlerContext.deadline``)
         self.run = run
-        self.enqueued: list[NewJob] = []
         self.tx: HandlerTransaction | None = None
-        self.once_recorded: list[str] = []
 
     @property
     def needs_transaction(self) -> bool:
         """Whether the run's outcome must be written in its own transaction (not the batched "done")."""
-        return bool(self.enqueued) or (self.tx is not None and self.tx.opened)
+        return self.tx is not None and self.tx.opened
+
+    def current_tx(self) -> HandlerTransaction:
+        """The transaction the handler's writes go to: its ``once`` block's, else the run's."""
+        block = _IN_ONCE.get()
+        if block is not None:
+            return block
+        if self.tx is None:
+            self.tx = HandlerTransaction(self.db)
+        return self.tx
 
     async def commit(self) -> None:
         """Commit what the handler enqueued and wrote with its job's "done" (``LeaseLost``: none of it)."""
         if self.tx is None:
             self.tx = HandlerTransaction(self.db)
-        await self.tx.commit(self.complete, self.enqueued)
+        await self.tx.commit(self.complete)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +240,12 @@ class HandlerContext:
         recipient: str | int | None = None,
         run_at: datetime | timedelta | None = None,
         max_attempts: int | None = None,
-    ) -> None:
-        """Enqueue a job of ``kind`` when this job completes (in the same transaction).
+    ) -> int | None:
+        """Enqueue a job of ``kind``, committed when this job completes (or with its ``once`` block).
 
-        Nothing is written if this run raises, times out or loses its lease. ``key``:
-        created once per key. ``recipient``: the FIFO group (a chat id: one at a time,
+        Returns the new job's id, or None when a job of ``kind`` with ``key`` exists (then
+        nothing is created). Nothing is written if this run raises, times out or loses its
+        lease. ``key``: created once per kind and key. ``recipient``: the FIFO group (a chat id: one at a time,
         in order). ``run_at``: an aware datetime, or a delay. ``max_attempts``: default
         the kind's. Raises ``PermanentError`` at the call for a kind no handler serves or
         a payload that is not a JSON object.
@@ -251,18 +268,18 @@ class HandlerContext:
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
                                          or max_attempts < 1):
             raise PermanentError(f"ctx.enqueue({kind!r}): max_attempts must be a whole number ≥ 1")
-        self._state.enqueued.append(NewJob(
+        return await self._state.current_tx().enqueue(NewJob(
             kind, payload, key=None if key is None else key_text(key),
             recipient=None if recipient is None else str(recipient), run_at=run_at,
             max_attempts=spec.max_attempts if max_attempts is None else max_attempts,
         ))
-        await trio.lowlevel.checkpoint()
 
     # -- writes committed with the job ----------------------------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        """A block of writes that commits with this job's completion (a savepoint in its transaction).
+        """A block of writes that commits with this job's completion, or inside a ``once``
+        block with that block's key (a savepoint in the transaction).
 
         ``async with ctx.transaction() as tx: await tx.execute(sql, params)``; ``tx`` has
         ``execute``, ``fetch_all``, ``fetch_one``, ``fetch_val`` and ``run(fn)`` (``fn(conn)``
@@ -270,10 +287,7 @@ class HandlerContext:
         that raises (or loses its lease) commits none. The transaction holds a database
         connection from its first block until the job is completed.
         """
-        state = self._state
-        if state.tx is None:
-            state.tx = HandlerTransaction(self._services.db)
-        async with state.tx.block() as tx:
+        async with self._state.current_tx().block() as tx:
             yield tx
 
     # -- side effects done once -----------------------------------------------------------
@@ -282,27 +296,134 @@ class HandlerContext:
     async def once(self, key: str) -> AsyncIterator[bool]:
         """``async with ctx.once(key) as todo``: ``todo`` is True until a block that got True exits cleanly.
 
-        At that exit the key is recorded at once (its own short transaction, fenced by this
-        run's lease), and every later run of any job gets False. A block that raises
-        records nothing. Keys longer than 200 characters are stored as their SHA-256.
+        Exclusive: while a run is inside a block for ``key`` (and its claim is live),
+        another run entering ``key`` waits, then gets False if the first exited cleanly.
+        At a clean exit the key is recorded at once, in one transaction with what the
+        block wrote through ``transaction()`` and enqueued, fenced by this run's lease;
+        every later run of any job gets False. Recording is retried through database
+        outages until it commits or the lease is known lost (``LeaseLost``). A block
+        that raises records nothing and frees the key. Blocks do not nest. Keys longer
+        than 200 characters are stored as their SHA-256.
         """
         if not isinstance(key, str) or not key.strip():
             raise ValueError("ctx.once needs a non-empty key")
+        if _IN_ONCE.get() is not None:
+            raise RuntimeError(f"ctx.once({key!r}): once blocks do not nest")
         stored = key_text(key)
         assert stored is not None
-        db = self._services.db
-        seen = await db.fetch_val(Q.once_seen, {"key": stored})
-        todo = not seen
-        yield todo
-        if not todo:
-            return
         job = self.job
-        # shielded: the effect happened; its record must not be lost to a timeout or shutdown
-        with trio.CancelScope(shield=True), trio.fail_after(ONCE_RECORD_SECONDS):
-            row = await db.fetch_one(Q.once_record, {"key": stored, "job_id": job.id, "lease": job.lease})
-        if not row or not row["held"]:
-            raise LeaseLost(f"ctx.once({key!r}): the effect ran but this run lost its lease before recording it")
-        self._state.once_recorded.append(stored)
+        db = self._services.db
+        params = {"key": stored, "job_id": job.id, "lease": job.lease}
+        if not await _enter_once(db, params):
+            yield False
+            return
+        block = HandlerTransaction(db, patience=self.settings.job_lease_seconds)
+        token = _IN_ONCE.set(block)
+        clean = False
+        try:
+            yield True
+            clean = True
+        finally:
+            _IN_ONCE.reset(token)
+            if not clean:
+                # it raised or was cancelled: nothing it wrote commits, and the key is free again
+                with trio.CancelScope(shield=True):
+                    await _release_once(block, db, params)
+        await _record_once(block, db, params, self.settings.job_lease_seconds)
+
+
+async def _enter_once(db: Database, params: dict[str, Any]) -> bool:
+    """Enter the key's block (True), or see it done (False); wait while another live claim holds it."""
+    pause = ONCE_WAIT_SECONDS
+    while True:
+        row = await db.fetch_one(Q.once_enter, params)
+        assert row is not None
+        if not row["held"]:
+            raise LeaseLost(f"ctx.once({params['key']!r}): this run's claim is no longer held; the effect was "
+                            "not started")
+        if row["entered"]:
+            return True
+        if row["state"] == "done":
+            return False
+        # held by a live claim (or changed under the statement's snapshot): look again soon
+        await trio.sleep(pause)
+        pause = min(ONCE_WAIT_MAX_SECONDS, pause * 2)
+
+
+async def _release_once(block: HandlerTransaction, db: Database, params: dict[str, Any]) -> None:
+    """Abandon the block's transaction and free its key (bounded; a key left held is taken over
+    by the next run once this claim is no longer live)."""
+    with trio.move_on_after(ONCE_TRY_SECONDS):
+        await block.abandon()
+    with trio.move_on_after(ONCE_TRY_SECONDS):
+        try:
+            await db.execute(Q.once_release, params)
+        except (DatabaseUnavailable, QueryError) as exc:
+            log.warning("ctx.once(%s): could not free the key (%s); the next run takes it over",
+                        params["key"], exc)
+
+
+def _retryable(exc: Exception) -> bool:
+    return isinstance(exc, DatabaseUnavailable) or (isinstance(exc, QueryError) and exc.transient)
+
+
+async def _record_once(block: HandlerTransaction, db: Database, params: dict[str, Any],
+                       lease_seconds: float) -> None:
+    """Record the key done with the block's writes and follow-ups; durable and fenced.
+
+    Shielded: the effect happened, so its record must not be lost to a timeout or a
+    shutdown. Tried again (each try bounded) until it commits, the key is found taken
+    over (``LeaseLost``), or ``lease_seconds`` have passed: an outage shorter than the
+    lease never repeats the effect. A transaction lost before its commit cannot be
+    tried again (its writes are gone): the key is freed and the run fails.
+    """
+    with trio.CancelScope(shield=True):
+        give_up = trio.current_time() + max(lease_seconds, ONCE_TRY_SECONDS)
+        pause = 0.05
+        wrote = block.opened
+        while True:
+            row: dict[str, Any] | None = None
+            try:
+                with trio.fail_after(ONCE_TRY_SECONDS):
+                    if block.opened:
+                        async def done_in(tx: Tx) -> None:
+                            nonlocal row
+                            row = await tx.fetch_one(Q.once_done, params)
+                            if not row or not row["recorded"]:
+                                raise LeaseLost("taken over")
+                        await block.commit(done_in)
+                    elif wrote:
+                        # its transaction was lost at commit: committed or not? (it cannot be redone)
+                        row = await db.fetch_one(Q.once_state, params)
+                    else:
+                        row = await db.fetch_one(Q.once_done, params)
+            except LeaseLost:
+                await _release_once(block, db, params)
+                raise LeaseLost(f"ctx.once({params['key']!r}): the effect ran but this run's claim was lost "
+                                "before it was recorded") from None
+            except Exception as exc:
+                if not (isinstance(exc, trio.TooSlowError) or _retryable(exc)):
+                    await _release_once(block, db, params)
+                    raise
+                with trio.move_on_after(ONCE_TRY_SECONDS):
+                    await block.abandon()
+                if trio.current_time() >= give_up:
+                    raise TransientError(f"ctx.once({params['key']!r}): the effect ran but its record could not "
+                                         f"be written within {lease_seconds:g} s ({exc})") from None
+                log.warning("ctx.once(%s): recording the key failed (%s); trying again", params["key"], exc)
+                await trio.sleep(pause)
+                pause = min(1.0, pause * 2)
+                continue
+            if row and (row.get("recorded") or row.get("state") == "done"):
+                return
+            if wrote:
+                # its transaction was lost before it committed: its writes are gone, so the key is not
+                # recorded without them (both or neither); the key is freed and the run fails
+                await _release_once(block, db, params)
+                raise TransientError(f"ctx.once({params['key']!r}): the block's writes were lost with its database "
+                                     "connection before they committed; nothing of the block is recorded")
+            raise LeaseLost(f"ctx.once({params['key']!r}): the effect ran but this run's claim was lost "
+                            "before it was recorded")
 
 
 def new_context(run: Run, services: Services) -> HandlerContext:

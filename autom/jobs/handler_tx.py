@@ -1,25 +1,26 @@
-"""The transaction of one handler run: opened at its first use, committed with the job's "done".
+"""A handler's transaction: opened at its first use, committed with a fenced last write.
 
 What a handler writes through ``ctx.transaction()`` and the jobs it enqueues with
-``ctx.enqueue`` commit in one transaction with the fenced update that marks its
-job done (the worker's ``Run.complete_in``: id and lease generation). If this
-claim no longer holds the job (its lease was lost and another claim took it),
+``ctx.enqueue`` go into one such transaction, which commits with the fenced update
+that marks its job done (``Run.complete_in``), or, inside a ``ctx.once`` block,
+with the update that records the block's key. If the fence finds the claim gone,
 or the handler raised, the transaction rolls back and none of it is written.
 
-The transaction is opened lazily: a handler that never calls ``ctx.transaction()``
-and enqueues nothing costs nothing here (its job is completed in the worker's
-batches). One that only enqueues gets a transaction at the end, for the two
-statements. Each ``ctx.transaction()`` block is a savepoint, so a block that
-raises undoes its own writes only, and the handler may catch that and go on.
+Opened lazily: a handler that never writes or enqueues costs nothing here (its job
+is completed in the worker's batches). Each ``ctx.transaction()`` block is a
+savepoint, so a block that raises undoes its own writes only.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
 
 from autom.db.queries import Q
+from autom.errors import DatabaseUnavailable
 from autom.jobs.store import insert_jobs_sync
 
 if TYPE_CHECKING:
@@ -27,17 +28,23 @@ if TYPE_CHECKING:
     from autom.jobs.models import NewJob
 
 
+T = TypeVar("T")
+
+
 class _Abandoned(Exception):
     """Thrown into the open transaction to roll it back (never seen outside)."""
 
 
 class HandlerTransaction:
-    """One handler run's database transaction; ``block()`` for the handler, ``commit_done`` for the worker."""
+    """One transaction of a handler run: ``block()`` and ``enqueue`` for the handler, ``commit`` at its end."""
 
-    __slots__ = ("_db", "_stack", "_tx")
+    __slots__ = ("_db", "_patience", "_stack", "_tx")
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, patience: float = 0.0) -> None:
         self._db = db
+        #: how long the first statement is tried again while the database is unreachable
+        #: (nothing is lost before it runs: a ``once`` block waits out an outage there)
+        self._patience = patience
         self._stack: AsyncExitStack | None = None
         self._tx: Tx | None = None
 
@@ -53,11 +60,33 @@ class HandlerTransaction:
             self._stack, self._tx = stack, tx
         return self._tx
 
+    async def _first(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """``fn(tx)``; when it is the transaction's first statement and the database is
+        unreachable, the transaction is opened again and ``fn`` tried again for up to
+        ``patience`` seconds (backing off from 50 ms to 1 s)."""
+        if self._tx is not None or self._patience <= 0:
+            return await fn(await self._open())
+        give_up = trio.current_time() + self._patience
+        pause = 0.05
+        while True:
+            try:
+                return await fn(await self._open())
+            except DatabaseUnavailable:
+                await self.abandon()
+                if trio.current_time() >= give_up:
+                    raise
+            await trio.sleep(pause)
+            pause = min(1.0, pause * 2)
+
     @asynccontextmanager
     async def block(self) -> AsyncIterator[Tx]:
-        """A savepoint in the run's transaction: its writes are undone if the block raises."""
-        tx = await self._open()
-        await tx.execute(Q.block_begin)
+        """A savepoint in the transaction: its writes are undone if the block raises."""
+
+        async def begin(tx: Tx) -> Tx:
+            await tx.execute(Q.block_begin)
+            return tx
+
+        tx = await self._first(begin)
         try:
             yield tx
         except Exception:
@@ -66,13 +95,16 @@ class HandlerTransaction:
             raise
         await tx.execute(Q.block_release)
 
-    async def commit(self, complete: Callable[[Tx], Awaitable[None]], jobs: Sequence[NewJob]) -> None:
-        """Insert ``jobs``, mark the job done with ``complete(tx)`` (the claim's fenced write,
-        last, as the worker asks), and commit; ``LeaseLost`` from ``complete`` propagates and
-        nothing is committed (the caller abandons the transaction)."""
+    async def enqueue(self, job: NewJob) -> int | None:
+        """Insert ``job`` in the transaction; its id, or None when a job of its kind has its key."""
+        ids = await self._first(lambda tx: tx.run(insert_jobs_sync, [job]))
+        return ids[0] if ids else None
+
+    async def commit(self, complete: Callable[[Tx], Awaitable[None]]) -> None:
+        """Run ``complete(tx)`` (the fenced last write: the job's "done", or a once key's record)
+        and commit. An exception from ``complete`` (``LeaseLost``: the fence found the claim
+        gone) propagates and nothing is committed (the caller abandons the transaction)."""
         tx = await self._open()
-        if jobs:
-            await tx.run(insert_jobs_sync, list(jobs))
         await complete(tx)
         stack, self._stack, self._tx = self._stack, None, None
         assert stack is not None

@@ -187,4 +187,5 @@ def once_recorded(dsn: str, key: str) -> bool:
     import psycopg
 
     with psycopg.connect(dsn) as conn:
-        return conn.execute("select exists (select 1 from autom_once where key = %s)", [key]).fetchone() == (True,)
+        row = conn.execute("select exists (select 1 from autom_once where key = %s and state = 'done')", [key])
+        return row.fetchone() == (True,)

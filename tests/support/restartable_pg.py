@@ -18,8 +18,10 @@ under pgserver's lock is the start part alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,6 +72,31 @@ class RestartablePg:
         uri = self._server.get_uri()
         if uri != self.dsn:  # the socket folder is derived from the data folder, so this should not happen
             raise RuntimeError(f"restarted server moved from {self.dsn} to {uri}")
+
+    def _server_pids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, WAL writer...)."""
+        postmaster = int((self._server.pgdata / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP the server and all its processes: connections stay open, nothing answers."""
+        for pid in self._server_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT what ``freeze`` stopped."""
+        for pid in self._server_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def connect(self) -> psycopg.Connection[Any]:
         """A plain autocommit connection (for assertions from a test)."""
