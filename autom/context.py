@@ -121,7 +121,7 @@ class Services:
 class RunState:
     """The mutable part of one run: its transaction (what it wrote and enqueued) and its claim."""
 
-    __slots__ = ("complete", "db", "run", "tx")
+    __slots__ = ("complete", "db", "run", "telegram", "tx")
 
     def __init__(self, db: Database, complete: Callable[[Tx], Awaitable[None]], run: Run | None = None) -> None:
         self.db = db
@@ -130,6 +130,8 @@ class RunState:
         #: the claim (its local deadline bounds ``HandlerContext.deadline``)
         self.run = run
         self.tx: HandlerTransaction | None = None
+        #: the Telegram client bound to this run's claim (``TelegramClient.for_job``), once used
+        self.telegram: TelegramClient | None = None
 
     @property
     def needs_transaction(self) -> bool:
@@ -165,8 +167,14 @@ class HandlerContext:
     @property
     def telegram(self) -> TelegramClient:
         """The Bot API client: ``await ctx.telegram.send_message(chat_id, text)`` (Retry / PermanentError /
-        TransientError on failure, within HTTP_TIMEOUT_SECONDS and Telegram's rate limits)."""
-        return self._services.telegram
+        TransientError on failure, within HTTP_TIMEOUT_SECONDS and Telegram's rate limits; ``ChatBlocked``
+        ends the job cancelled). Bound to this run's claim: a split text resumes where a
+        previous run of the job left it."""
+        state = self._state
+        bound = state.telegram
+        if bound is None:
+            bound = state.telegram = self._services.telegram.for_job(self.job)
+        return bound
 
     @property
     def http(self) -> httpx.AsyncClient:

@@ -16,6 +16,8 @@ code above the boundary only ever sees these::
     ├── BadRequest               an admin request's parameter is malformed (400)
     └── JobError                 raised by handlers to steer the queue
         ├── PermanentError       do not retry: the job fails for good (4xx but 429)
+        │   └── CancelJob        do not retry, no alert: the job ends cancelled
+        │       └── ChatBlocked  the Telegram chat blocked the bot (403), or is marked so
         ├── TransientError       retry with backoff (5xx, network, timeouts)
         │   └── Retry            retry no sooner than ``after`` seconds (429 retry_after)
         ├── Defer                not now: run again after ``after`` seconds, the attempt not counted
@@ -106,6 +108,23 @@ class JobError(AutomError):
 
 class PermanentError(JobError):
     """Retrying cannot help (a 4xx other than 429, bad payload): fail the job now."""
+
+
+class CancelJob(PermanentError):
+    """The job's work has no one to go to any more: it ends ``cancelled``, not retried, no alert.
+
+    A ``PermanentError`` too, so code that catches those (a handler that goes on
+    after a failed send) catches this as well.
+    """
+
+
+class ChatBlocked(CancelJob):
+    """The Telegram chat ``chat_id`` blocked the bot (or the user is deactivated, or the bot
+    was kicked): Telegram answered 403, or the chat is marked blocked and nothing was sent."""
+
+    def __init__(self, message: str, *, chat_id: int | str | None = None) -> None:
+        super().__init__(message)
+        self.chat_id = chat_id
 
 
 class TransientError(JobError):

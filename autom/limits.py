@@ -21,22 +21,27 @@ within ``FLOOD_WINDOW`` seconds pause every send for that long (Telegram's limit
 the bot itself was hit, whatever our settings say).
 
 A long text is split (``split_text``) into parts of at most 4,096 UTF-16 units; the
-parts of one message are acquired together, so they go out in order, one chat
-interval apart (the job holds its worker for those few seconds: a half-sent message
-deferred between parts would repeat its first part).
+parts of one message are acquired together and go out in order, one chat interval
+apart. ``record_parts`` notes each part sent (fenced by the job's lease), so the job's
+next run resumes at the first part not sent (autom/telegram.py). ``block`` marks a
+chat that blocked the bot and cancels its pending Telegram jobs; ``acquire`` refuses a
+marked chat (``ChatBlocked``) without taking a slot (migrations/0020).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import trio
 
 from autom.db.queries import Q
-from autom.errors import Defer
+from autom.errors import ChatBlocked, DatabaseUnavailable, Defer, QueryError
 
 if TYPE_CHECKING:
     from autom.config import Settings
     from autom.db.bridge import Database
+    from autom.jobs.models import Job
 
 log = logging.getLogger("autom.telegram")
 
@@ -47,6 +52,11 @@ FLOOD_THRESHOLD = 3
 FLOOD_WINDOW = 10.0
 #: Telegram's limit on a message text, in UTF-16 code units.
 MAX_TEXT = 4096
+#: The kinds of a chat's jobs that a block cancels (README, Telegram): those made to talk
+#: to the chat. A user's own kinds go on, and are cancelled only when they send to it.
+CHAT_KINDS = ("telegram.send", "telegram.message", "telegram.callback", "telegram.edited")
+#: How long one try at recording a part sent may take before it is tried again.
+RECORD_TRY_SECONDS = 5.0
 
 
 class SendLimiter:
@@ -86,6 +96,9 @@ class SendLimiter:
             "chat": str(chat_id), "parts": max(1, parts), "chat_interval": self.interval(chat_id),
             "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
         }, prepare=True)
+        if wait is not None and wait < 0:
+            raise ChatBlocked(f"telegram: chat {chat_id} blocked the bot (marked until an update from it "
+                              "arrives); not sent", chat_id=chat_id)
         if wait:
             raise Defer(f"telegram: chat {chat_id} must wait {float(wait):.2f}s for its send limit",
                         after=float(wait))
@@ -99,6 +112,64 @@ class SendLimiter:
         if paused:
             log.warning("telegram answered 429 to several chats at once: all sends pause for %.0fs",
                         retry_after, extra={"delay_s": retry_after})
+
+
+    async def block(self, chat_id: int | str, reason: str, *, job_id: int | None = None) -> int:
+        """Mark ``chat_id`` blocked (``reason``: Telegram's answer) and cancel its pending jobs of
+        ``CHAT_KINDS`` but ``job_id``; returns how many were cancelled. No alert for any of them."""
+        cancelled = await self._db.fetch_val(Q.telegram_block, {
+            "chat": str(chat_id), "reason": reason, "kinds": list(CHAT_KINDS), "job_id": job_id or 0,
+            "error": f"cancelled: chat {chat_id} blocked the bot ({reason})",
+        })
+        log.info("telegram chat %s blocked the bot: marked, %d pending jobs cancelled", chat_id, cancelled,
+                 extra={"recipient": str(chat_id), "job_id": job_id})
+        return int(cancelled or 0)
+
+    async def blocked(self, chat_id: int | str) -> dict[str, Any] | None:
+        """``{"chat_id", "blocked_at", "reason"}`` if ``chat_id`` is marked blocked, else None."""
+        return await blocked_chat(self._db, chat_id)
+
+    async def parts_sent(self, job_id: int, slot: str) -> tuple[int, int | None]:
+        """How many parts of the split send ``slot`` of job ``job_id`` an earlier run sent, and the
+        message_id of the last of them: ``(0, None)`` when none."""
+        found = await self._db.fetch_val(Q.telegram_parts_sent, {"job_id": job_id, "slot": slot})
+        if not isinstance(found, list) or len(found) != 2:
+            return 0, None
+        return int(found[0]), None if found[1] is None else int(found[1])
+
+    async def record_parts(self, job: Job, slot: str, sent: int, message_id: int | None, *,
+                           within: float) -> bool:
+        """Record that ``sent`` parts of ``slot`` went out (the last as ``message_id``), fenced by
+        ``job``'s lease; False when the claim no longer holds the job (nothing written).
+
+        A part was sent, so its record is tried again through database outages (each try
+        bounded by ``RECORD_TRY_SECONDS``) for up to ``within`` seconds (the lease: past it
+        the claim is lost anyway), then the last error is raised.
+        """
+        params = {"job_id": job.id, "lease": job.lease, "slot": slot, "sent": sent, "message_id": message_id}
+        give_up = trio.current_time() + max(within, RECORD_TRY_SECONDS)
+        pause = 0.05
+        while True:
+            try:
+                with trio.fail_after(RECORD_TRY_SECONDS):
+                    return await self._db.fetch_one(Q.telegram_parts_record, params) is not None
+            except (DatabaseUnavailable, QueryError, trio.TooSlowError) as exc:
+                if (isinstance(exc, QueryError) and not exc.transient) or trio.current_time() >= give_up:
+                    raise
+                log.warning("could not record telegram part %d of job %d (%s); trying again", sent, job.id, exc,
+                            extra={"job_id": job.id})
+                await trio.sleep(pause)
+                pause = min(1.0, pause * 2)
+
+
+async def blocked_chat(db: Database, chat_id: int | str) -> dict[str, Any] | None:
+    """``{"chat_id", "blocked_at", "reason"}`` if ``chat_id`` is marked blocked, else None."""
+    return await db.fetch_one(Q.telegram_blocked_chat, {"chat": str(chat_id)})
+
+
+async def blocked_chats(db: Database, limit: int = 100) -> list[dict[str, Any]]:
+    """The chats marked blocked, the latest first (at most ``limit``)."""
+    return await db.fetch_all(Q.telegram_blocked_chats, {"limit": limit})
 
 
 def split_text(text: str, limit: int = MAX_TEXT) -> list[str]:

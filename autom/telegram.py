@@ -7,8 +7,10 @@ request, because httpx's timeouts are per operation (a body trickled slowly
 passes them: measured, a body trickled over 3 s passed ``Timeout(1.0)``).
 
 Outcomes map onto autom's error tree through ``autom.checks``: 429 → ``Retry``
-(Telegram's ``retry_after``), other 4xx and ``{"ok": false}`` → ``PermanentError``,
-5xx / network / timeout → ``TransientError``.
+(Telegram's ``retry_after``), a 403 saying the chat blocked the bot → ``ChatBlocked``
+(the job ends cancelled), other 4xx and ``{"ok": false}`` → ``PermanentError``,
+5xx / network / timeout → ``TransientError``. ``for_job`` binds a client to one claim
+of a job: a split text's parts are then recorded as sent, and resumed (README, Telegram).
 
 The bot token is part of every request URL, so it must never leave this module
 in a message: httpx exceptions (which carry the URL) are translated and not
@@ -21,20 +23,26 @@ job-failure alerts (the outbox, their throttle and texts) are ``autom.alerts``'.
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
 
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
-from autom.errors import ConfigError, Defer, JobError, PermanentError, Retry, TransientError
+from autom.errors import ChatBlocked, ConfigError, Defer, JobError, LeaseLost, PermanentError, Retry, TransientError
 from autom.limits import MAX_TEXT, SendLimiter, split_text
+
+if TYPE_CHECKING:
+    from autom.jobs.models import Job
 
 logger = logging.getLogger("autom.telegram")
 
@@ -43,6 +51,10 @@ LOG_ONLY_RESULT: dict[str, Any] = {"message_id": 0, "log_only": True}
 
 # Parameters that are secrets themselves (setWebhook's secret_token): never logged.
 _SECRET_PARAMS = frozenset({"secret_token"})
+
+#: What Telegram's 403 says when the chat will take no message until it comes back: the
+#: user blocked the bot or was deleted, or the bot was removed from the group or channel.
+BLOCKED_DESCRIPTIONS = ("bot was blocked by the user", "user is deactivated", "bot was kicked from")
 
 
 class TelegramClient:
@@ -67,6 +79,10 @@ class TelegramClient:
         self._alert_chat_id = settings.telegram_alert_chat_id
         self._deadline = settings.http_timeout_seconds
         self._owns_http = http is None and not log_only
+        self._lease_seconds = settings.job_lease_seconds
+        #: the claim this client acts for (``for_job``), and its split sends so far
+        self._job: Job | None = None
+        self._splits = 0
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
@@ -83,6 +99,19 @@ class TelegramClient:
     def log_only(self) -> bool:
         """Whether calls go to the log instead of the network."""
         return self._log_only
+
+    def for_job(self, job: Job) -> TelegramClient:
+        """This client acting for one claim of ``job`` (``ctx.telegram``: one per run).
+
+        Its split texts are recorded part by part (with the service's limiter), so a later
+        run of the job resumes each at the first part not sent. It shares everything else
+        with this client and closes nothing.
+        """
+        bound = copy.copy(self)
+        bound._job = job
+        bound._splits = 0
+        bound._owns_http = False
+        return bound
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
@@ -113,6 +142,8 @@ class TelegramClient:
         # of ours: a stored or logged traceback cannot show its URL
         if error is not None:
             raise error
+        if response.status_code == 403:
+            _raise_if_blocked(response, what, params.get("chat_id"))
         check(response, what)
         try:
             body = response.json()
@@ -132,7 +163,13 @@ class TelegramClient:
         boundaries where possible (``autom.limits.split_text``). ``extra`` goes to the
         API as is (parse_mode, reply_to_message_id, ...). With a ``limiter`` (the
         service sets one) the send waits for Telegram's limits by raising
-        ``autom.errors.Defer``, and a 429 holds the chat and defers too.
+        ``autom.errors.Defer``, and a 429 holds the chat and defers too. A chat that
+        blocked the bot raises ``ChatBlocked`` (the job ends cancelled): Telegram said so
+        (the chat is then marked, its pending Telegram jobs cancelled), or it is marked
+        already (nothing is sent). Bound to a job (``for_job``), each part of a split text
+        is recorded as sent, and the job's next run resumes at the first part not sent;
+        a text whose parts were all sent by an earlier run returns ``{"message_id": ...}``
+        of its last part without sending.
         """
         return await self._send(chat_id, text, extra)
 
@@ -140,14 +177,25 @@ class TelegramClient:
                     ) -> dict[str, Any]:
         parts = split_text(text)
         limiter = self.limiter
+        job = self._job
+        slot: str | None = None
+        first = 0
+        if len(parts) > 1 and job is not None and limiter is not None and not priority:
+            # the n-th split send of this run, of this chat, text and parameters: a rerun that
+            # sends the same resumes it; one that sends something else starts afresh
+            slot = f"{self._splits}:{_digest(chat_id, text, extra)}"
+            self._splits += 1
+            first, last_id = await limiter.parts_sent(job.id, slot)
+            if first >= len(parts):
+                return {"message_id": last_id}
         if limiter is not None:
-            await limiter.acquire(chat_id, parts=len(parts), priority=priority)
+            await limiter.acquire(chat_id, parts=len(parts) - first, priority=priority)
         result: Any = None
-        for index, part in enumerate(parts):
-            if index and limiter is not None:
+        for index in range(first, len(parts)):
+            if index > first and limiter is not None:
                 await trio.sleep(limiter.interval(chat_id))  # the parts' slots are taken: keep them spaced
             try:
-                body = await self.call("sendMessage", chat_id=chat_id, text=part, **extra)
+                body = await self.call("sendMessage", chat_id=chat_id, text=parts[index], **extra)
             except Retry as exc:
                 if limiter is None:
                     raise
@@ -155,8 +203,35 @@ class TelegramClient:
                 refused = Defer(f"{exc}; chat {chat_id} holds its sends", after=exc.after)
                 refused.refused = True  # bounded by MAX_DEFER_SECONDS (jobs/store.py: decide)
                 raise refused from None
+            except ChatBlocked as exc:
+                if limiter is not None and not priority:
+                    await self._blocked(limiter, chat_id, exc)
+                raise
             result = body.get("result")
+            if slot is not None and job is not None and limiter is not None:
+                message_id = result.get("message_id") if isinstance(result, dict) else None
+                await self._record(limiter, job, slot, index + 1, message_id)
         return result if isinstance(result, dict) else {"result": result}
+
+    async def _blocked(self, limiter: SendLimiter, chat_id: int | str, exc: ChatBlocked) -> None:
+        """Mark the chat blocked and cancel its other pending jobs; a failure to is only logged
+        (the job still ends cancelled; the chat's next send finds out again)."""
+        job_id = self._job.id if self._job is not None else None
+        try:
+            await limiter.block(chat_id, _description_of(str(exc)), job_id=job_id)
+        except Exception as error:  # the job's own outcome does not depend on it
+            logger.warning("could not mark telegram chat %s blocked: %s", chat_id, one_line(str(error)),
+                           extra={"recipient": str(chat_id), "job_id": job_id})
+
+    async def _record(self, limiter: SendLimiter, job: Job, slot: str, sent: int, message_id: Any) -> None:
+        """Record ``sent`` parts of ``slot`` as sent, fenced by the job's lease (shielded: the part
+        went out, its record must not be lost to a timeout or a shutdown)."""
+        with trio.CancelScope(shield=True):
+            held = await limiter.record_parts(job, slot, sent, message_id if isinstance(message_id, int) else None,
+                                              within=self._lease_seconds)
+        if not held:
+            raise LeaseLost(f"job {job.id}: part {sent} of a split telegram message was sent, but this run lost "
+                            "its claim before recording it")
 
     async def alert(self, text: str) -> bool:
         """Send ``text`` to TELEGRAM_ALERT_CHAT_ID; True if it was delivered.
@@ -196,6 +271,28 @@ class TelegramClient:
             params.get("text"),
             f" params={others}" if others else "",
         )
+
+
+def _raise_if_blocked(response: httpx.Response, what: str, chat_id: Any) -> None:
+    """Raise ``ChatBlocked`` if this 403 says the chat blocked the bot (``BLOCKED_DESCRIPTIONS``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return
+    description = body.get("description") if isinstance(body, dict) else None
+    if isinstance(description, str) and any(d in description.lower() for d in BLOCKED_DESCRIPTIONS):
+        raise ChatBlocked(f"{what}: HTTP 403 {one_line(description)}", chat_id=chat_id)
+
+
+def _description_of(message: str) -> str:
+    """Telegram's words in a ``ChatBlocked`` message ("... HTTP 403 Forbidden: bot was blocked ...")."""
+    return message.split("HTTP 403 ", 1)[-1]
+
+
+def _digest(chat_id: int | str, text: str, extra: dict[str, Any]) -> str:
+    """A short digest naming one message: its chat, text and parameters."""
+    data = json.dumps([str(chat_id), text, extra], sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @asynccontextmanager

@@ -250,6 +250,8 @@ from line l, sync;
 --             then still be deferred more than max_defer seconds (MAX_DEFER_SECONDS)
 --             after its first refusal in a row (deferred_since, migrations/0018) fails
 --             it for good instead ("expired": the attempt counts, the error says why)
+--   cancelled ended for good without an alert (autom.errors.CancelJob: the chat blocked
+--             the bot); the attempt counts, the error says why
 -- A job that waits (retry, deferred) keeps its place in its recipient's order:
 -- queued_at keeps the run_at it was first queued for (migrations/0006).
 with u as (
@@ -272,7 +274,8 @@ t as (
 ),
 f as (
     update jobs j
-       set status = case when t.outcome in ('failed', 'expired') then 'failed' else 'pending' end,
+       set status = case when t.outcome in ('failed', 'expired') then 'failed'
+                         when t.outcome = 'cancelled' then 'cancelled' else 'pending' end,
            attempts = case when t.outcome in ('released', 'deferred') then greatest(j.attempts - 1, 0)
                            else j.attempts end,
            queued_at = case when t.outcome in ('retry', 'deferred') then coalesce(j.queued_at, j.run_at)
@@ -288,7 +291,8 @@ f as (
            deferred_since = case when t.outcome = 'deferred' and t.refused then coalesce(j.deferred_since, now())
                                  when t.outcome = 'retry' then null
                                  else j.deferred_since end,
-           finished_at = case when t.outcome in ('failed', 'expired') then now() else j.finished_at end,
+           finished_at = case when t.outcome in ('failed', 'expired', 'cancelled') then now()
+                              else j.finished_at end,
            updated_at = now()
       from t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'

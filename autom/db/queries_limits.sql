@@ -1,11 +1,15 @@
 -- Telegram's send limits (autom/limits.py, migrations/0009).
 
 -- name: telegram_acquire
--- 0: the right to send %(parts)s messages to the chat now is taken; else seconds to wait.
--- Commits with synchronous_commit off, for its own transaction only (set_config(...,
--- true) lasts until this statement's commit): see SendLimiter.acquire for why.
-select autom_telegram_acquire(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s,
-                              %(burst)s, %(priority)s)
+-- 0: the right to send %(parts)s messages to the chat now is taken; else seconds to wait;
+-- -1: the chat blocked the bot (telegram_blocked, migrations/0020): nothing is taken.
+-- Alerts (%(priority)s) are not checked. Commits with synchronous_commit off, for its
+-- own transaction only (set_config(..., true) lasts until this statement's commit):
+-- see SendLimiter.acquire for why.
+select case when not %(priority)s and exists (select 1 from telegram_blocked b where b.chat_id = %(chat)s)
+            then -1
+            else autom_telegram_acquire(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s,
+                                        %(burst)s, %(priority)s) end
 from (select set_config('synchronous_commit', 'off', true)) sync;
 
 -- name: telegram_pushed
@@ -18,3 +22,45 @@ with gone as (
     select chat_id from telegram_chats where next_send_at < now() - interval '1 hour' limit %(batch)s
 )
 delete from telegram_chats c using gone where c.chat_id = gone.chat_id;
+
+-- name: telegram_block
+-- The chat blocked the bot (Telegram answered 403): mark it, and cancel its other
+-- pending jobs of the kinds in %(kinds)s (its recipient's; not %(job_id)s, the job that
+-- found out). Cancelled jobs raise no alert. Their recipient's line may run its next job
+-- now (as ops_cancel_job). Returns how many were cancelled.
+with mark as (
+    insert into telegram_blocked (chat_id, reason) values (%(chat)s, %(reason)s)
+    on conflict (chat_id) do update set blocked_at = now(), reason = excluded.reason
+),
+c as (
+    update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now(),
+                    last_error = %(error)s
+     where recipient = %(chat)s and due_at is not null and status = 'pending'
+       and kind = any (%(kinds)s::text[]) and id <> %(job_id)s
+    returning recipient
+),
+line as (
+    update recipients r set next_due_at = least(r.next_due_at, now()), ver = r.ver + 1
+     where r.recipient = %(chat)s and exists (select 1 from c)
+)
+select count(*) from c;
+
+-- name: telegram_blocked_chat
+-- The chat's blocked mark: when and why, or no row.
+select chat_id, blocked_at, reason from telegram_blocked where chat_id = %(chat)s;
+
+-- name: telegram_blocked_chats
+-- Every chat marked blocked, the latest first.
+select chat_id, blocked_at, reason from telegram_blocked order by blocked_at desc, chat_id limit %(limit)s;
+
+-- name: telegram_parts_sent
+-- How far the job's split send %(slot)s got: [parts sent, last message_id], or NULL.
+select telegram_parts -> %(slot)s as sent from jobs where id = %(job_id)s;
+
+-- name: telegram_parts_record
+-- The split send %(slot)s has sent %(sent)s parts, the last %(message_id)s: recorded
+-- only while this claim holds the job (lease); no row: the claim was lost, nothing written.
+update jobs set telegram_parts = coalesce(telegram_parts, '{}'::jsonb)
+                                 || jsonb_build_object(%(slot)s::text, jsonb_build_array(%(sent)s::int, %(message_id)s::bigint))
+ where id = %(job_id)s and lease = %(lease)s and status = 'running'
+returning id;

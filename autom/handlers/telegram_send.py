@@ -7,7 +7,9 @@ handler's other work), waits its turn within Telegram's rate limits, and with
 the chat as recipient arrives in order with the chat's other messages.
 
 Rerun-safe within the at-least-once promise: a crash between Telegram's answer and
-the job's completion sends the message again (Telegram has no idempotency key).
+the job's completion sends the message again (Telegram has no idempotency key). A
+long text's parts are each sent once: a rerun resumes at the first part not sent
+(autom/telegram.py). A chat that blocked the bot ends the job cancelled, no alert.
 """
 
 from __future__ import annotations

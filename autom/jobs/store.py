@@ -62,7 +62,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from autom.db.queries import Q
-from autom.errors import Defer
+from autom.errors import CancelJob, Defer
 from autom.jobs.models import Job, NewJob
 from autom.jobs.retry import RetryPolicy, describe, is_final
 
@@ -141,13 +141,14 @@ class Settle:
     ``outcome``: ``retry`` (pending at now + ``delay``, the attempt counts), ``failed``
     (for good; its alert is recorded with it), ``released`` (pending at once, the attempt
     not counted: shutdown) or ``deferred`` (pending at now + ``delay``, the attempt not
-    counted, no error recorded: ``Defer``). ``error``: the one-line ``last_error``.
+    counted, no error recorded: ``Defer``) or ``cancelled`` (for good, no alert: ``CancelJob``).
+    ``error``: the one-line ``last_error``.
     ``refused``: a deferral the remote service asked for (``Defer.refused``: Telegram's
     429), bounded by ``JobStore.max_defer_seconds``.
     """
 
     job: Job
-    outcome: Literal["retry", "failed", "released", "deferred"]
+    outcome: Literal["retry", "failed", "released", "deferred", "cancelled"]
     error: str | None = None
     delay: float = 0.0
     refused: bool = False
@@ -285,7 +286,8 @@ class JobStore:
         ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
         attempt given back, no error recorded (a refused one, ``Defer.refused``, fails
         for good in ``settle_many`` once the job's refusals have lasted
-        ``max_defer_seconds``). A ``PermanentError`` or the last attempt:
+        ``max_defer_seconds``). A ``CancelJob`` (a chat that blocked the bot):
+        ``cancelled``, whatever the attempt. A ``PermanentError`` or the last attempt:
         ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
         429's ``retry_after``; ``retry``: the job's kind's own policy, else the store's).
         """
@@ -293,6 +295,8 @@ class JobStore:
             ceiling = max(self.retry.cap, self.retry.after_ceiling)
             return Settle(job, "deferred", describe(error), min(error.after, ceiling), refused=error.refused)
         text = describe(error)
+        if isinstance(error, CancelJob):
+            return Settle(job, "cancelled", text)
         exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
         if is_final(exc, job.attempts, job.max_attempts):
             return Settle(job, "failed", text)

@@ -4,10 +4,11 @@ Telegram authenticates a delivery only by echoing the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; there is no signature and
 no timestamp, so redeliveries are recognised by ``update_id`` alone.
 
-Only ``message`` updates become jobs. Edited messages, channel posts, callback
-queries and the rest are stored as events without jobs: answering an edit as if
-it were a new command (``/ping`` edited twice → three ``pong``) is not what a chat
-user expects. They stay replayable should a handler for them be added.
+``message`` updates become ``telegram.message`` jobs, ``my_chat_member`` updates
+(the bot blocked, unblocked, added or removed) ``telegram.member`` jobs; storing
+either sets or clears the chat's blocked mark (migrations/0020). Edited messages,
+channel posts, callback queries and the rest are stored as events without jobs:
+answering an edit as if it were a new command is not what a chat user expects.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class TelegramSource:
         return id_field(update, "update_id")
 
     def parse(self, headers: Headers, text: str) -> Parsed:
-        """One ``telegram.message`` job for a ``message`` update with a chat; none for other updates.
+        """One ``telegram.message`` job for a ``message`` update with a chat, one ``telegram.member``
+        job for a ``my_chat_member`` update (``_member_job``); none for other updates.
 
         The payload is ``{"update_id", "chat_id", "text", "message_id", "from"}``: ``text``
         is ``None`` for messages without text (photos, stickers), ``from`` is
@@ -92,7 +94,8 @@ class TelegramSource:
         dedup = id_field(update, "update_id")
         message = update.get("message")
         if message is None:
-            return Parsed(dedup, [])
+            member = update.get("my_chat_member")
+            return Parsed(dedup, [] if member is None else [_member_job(update_id, dedup, member)])
         if not isinstance(message, dict):
             raise ParseError("telegram message is not an object")
         chat = message.get("chat")
@@ -119,6 +122,35 @@ class TelegramSource:
             recipient=str(chat_id),
         )
         return Parsed(dedup, [job])
+
+
+def _member_job(update_id: object, dedup: str | None, member: object) -> NewJob:
+    """The ``telegram.member`` job of a ``my_chat_member`` update: the bot's new status in the chat.
+
+    Payload ``{"update_id", "chat_id", "status", "old_status", "from"}``; ``status``
+    "kicked" marks the chat blocked when it is stored, "member" (and any other but
+    "left") clears the mark.
+    """
+    if not isinstance(member, dict):
+        raise ParseError("telegram my_chat_member is not an object")
+    chat = member.get("chat")
+    if not isinstance(chat, dict) or not _is_int(chat.get("id")):
+        raise ParseError("telegram my_chat_member has no integer chat.id")
+    statuses = []
+    for field in ("new_chat_member", "old_chat_member"):
+        part = member.get(field)
+        status = part.get("status") if isinstance(part, dict) else None
+        if not isinstance(status, str):
+            raise ParseError(f"telegram my_chat_member has no {field}.status")
+        statuses.append(status)
+    payload: dict[str, Any] = {
+        "update_id": update_id,
+        "chat_id": chat["id"],
+        "status": statuses[0],
+        "old_status": statuses[1],
+        "from": _sender(member.get("from")),
+    }
+    return NewJob(kind="telegram.member", payload=payload, key=f"telegram:{dedup}", recipient=str(chat["id"]))
 
 
 def _is_int(value: object) -> bool:

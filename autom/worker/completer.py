@@ -4,7 +4,7 @@ River's executor/completer split (``internal/jobcompleter``): the runners only
 report how a run ended (``report``); this one task writes it, batched:
 
 - ``done``: ``complete_batch`` (one statement for every finished run in the batch);
-- ``retry``, ``failed``, ``released``, ``deferred``: ``settle_many`` (one statement);
+- ``retry``, ``failed``, ``released``, ``deferred``, ``cancelled``: ``settle_many`` (one statement);
 - and between flushes, every ``lease/3``, the renewal of every claim still held
   (queued, running, or finished but not yet written).
 
@@ -45,7 +45,7 @@ log = logging.getLogger("autom.worker")
 #: how long the last flush at shutdown may take (shielded)
 CLEANUP_SECONDS = 5.0
 
-Status = Literal["done", "retry", "failed", "released", "deferred"]
+Status = Literal["done", "retry", "failed", "released", "deferred", "cancelled"]
 
 _DONE = Settled("done", None)
 

@@ -582,6 +582,8 @@ class WorkerPool:
             log.error("job failed for good: %s", error, extra=context)
             # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
             self.deps.alert_bell.ring(job.id)
+        elif status == "cancelled":
+            log.info("job cancelled: %s", error, extra=context)  # no alert: nobody is to be told
         elif status == "released":
             log.warning("job interrupted by shutdown; put back to pending", extra=context)
         else:

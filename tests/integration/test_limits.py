@@ -86,3 +86,78 @@ async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only
     assert await db.fetch_val("select count(*) from telegram_chats where chat_id = '42'") == 1
     with pytest.raises(Defer):  # the reservation holds
         await SendLimiter(db, chat_rate=1.0, global_rate=30.0).acquire(42)
+
+
+async def _job(db: Any, text: str, *, recipient: str | None = "42", kind: str = "telegram.send") -> int:
+    from autom.jobs.models import NewJob
+    from autom.jobs.store import JobStore
+
+    job_id = await JobStore(db).enqueue(NewJob(kind, {"chat_id": 42, "text": text}, recipient=recipient))
+    assert job_id is not None
+    return job_id
+
+
+async def test_a_blocked_chat_is_refused_without_a_slot_and_alerts_still_pass(db: Any) -> None:
+    from autom.errors import ChatBlocked
+    from autom.limits import blocked_chat, blocked_chats
+
+    limiter = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+    running, pending, other_kind = await _job(db, "a"), await _job(db, "b"), await _job(db, "c", kind="site.form")
+    other_chat = await _job(db, "d", recipient="43")
+    assert await limiter.block(42, "Forbidden: bot was blocked by the user", job_id=running) == 1
+    statuses = await db.fetch_all("select id, status from jobs order by id")
+    assert statuses == [{"id": running, "status": "pending"}, {"id": pending, "status": "cancelled"},
+                        {"id": other_kind, "status": "pending"}, {"id": other_chat, "status": "pending"}]
+    with pytest.raises(ChatBlocked) as refused:
+        await limiter.acquire(42)
+    assert refused.value.chat_id == 42
+    assert await db.fetch_val("select count(*) from telegram_chats where chat_id = '42'") == 0  # no slot taken
+    await limiter.acquire(42, priority=True)  # an alert chat is never held back by a mark
+    mark = await blocked_chat(db, 42)
+    assert mark is not None and mark["reason"] == "Forbidden: bot was blocked by the user"
+    assert [m["chat_id"] for m in await blocked_chats(db)] == ["42"]
+    assert await blocked_chat(db, 43) is None
+
+
+async def test_a_parts_record_is_fenced_by_the_claims_lease(db: Any) -> None:
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    await _job(db, "x" * 5000, recipient=None)
+    (claim,) = await store.claim(1)
+    assert await limiter.parts_sent(claim.id, "0:abc") == (0, None)
+    assert await limiter.record_parts(claim, "0:abc", 1, 17, within=1.0)
+    assert await limiter.parts_sent(claim.id, "0:abc") == (1, 17)
+    assert await limiter.parts_sent(claim.id, "0:other") == (0, None)
+    await db.execute("update jobs set locked_until = now() - interval '1 second' where id = %(id)s", {"id": claim.id})
+    (again,) = await store.claim(1)  # the lease ran out: a new claim holds the job
+    assert not await limiter.record_parts(claim, "0:abc", 2, 18, within=1.0)  # the old claim writes nothing
+    assert await limiter.parts_sent(claim.id, "0:abc") == (1, 17)
+    assert await limiter.record_parts(again, "0:abc", 2, 18, within=1.0)
+    assert await limiter.parts_sent(claim.id, "0:abc") == (2, 18)
+
+
+@pytest.mark.parametrize(("updates", "blocked"), [
+    (["kicked"], True),
+    (["kicked", "left"], True),
+    (["kicked", "member"], False),
+    (["kicked", "administrator"], False),
+    (["kicked", "message"], False),
+    (["member", "kicked"], True),
+])
+async def test_the_telegram_sources_jobs_set_and_clear_the_mark_as_they_are_stored(
+    db: Any, updates: list[str], blocked: bool
+) -> None:
+    from autom.events import StoreBatcher, store_params
+    from autom.jobs.models import NewJob
+    from autom.limits import blocked_chat
+
+    events = StoreBatcher(db)
+    for n, update in enumerate(updates):
+        if update == "message":
+            job = NewJob("telegram.message", {"chat_id": 42, "text": "hi"}, key=f"telegram:{n}", recipient="42")
+        else:
+            job = NewJob("telegram.member", {"chat_id": 42, "status": update}, key=f"telegram:{n}", recipient="42")
+        await events.store(store_params("telegram", {}, "{}", str(n), [job]))
+    assert (await blocked_chat(db, 42) is not None) == blocked

@@ -105,6 +105,15 @@ class TestTelegramVerify:
         assert TG.secret_headers == frozenset({TG_HEADER})
 
 
+MEMBER = {
+    "chat": {"id": 42, "type": "private"},
+    "from": {"id": 42, "is_bot": False, "username": "ann"},
+    "date": 1700000000,
+    "old_chat_member": {"user": {"id": 1, "is_bot": True}, "status": "member"},
+    "new_chat_member": {"user": {"id": 1, "is_bot": True}, "status": "kicked", "until_date": 0},
+}
+
+
 class TestTelegramDedupAndParse:
     def test_dedup_key_is_update_id(self) -> None:
         assert TG.dedup_key({}, tg_update(message=MESSAGE).encode()) == "1001"
@@ -155,6 +164,24 @@ class TestTelegramDedupAndParse:
     def test_other_updates_make_no_jobs(self, kind: str | None) -> None:
         body = tg_update(**({kind: MESSAGE} if kind else {}))
         assert TG.parse({}, body) == Parsed("1001", [])
+
+    def test_my_chat_member_becomes_a_member_job_of_the_chat(self) -> None:
+        parsed = TG.parse({}, tg_update(my_chat_member=MEMBER))
+        [job] = parsed.jobs
+        assert (job.kind, job.key, job.recipient) == ("telegram.member", "telegram:1001", "42")
+        assert job.payload == {"update_id": 1001, "chat_id": 42, "status": "kicked", "old_status": "member",
+                               "from": {"id": 42, "username": "ann"}}
+        assert_storable(parsed)
+
+    @pytest.mark.parametrize("member", [
+        "kicked",
+        {**MEMBER, "chat": {"id": "42"}},
+        {**MEMBER, "new_chat_member": {"status": 5}},
+        {k: v for k, v in MEMBER.items() if k != "old_chat_member"},
+    ])
+    def test_malformed_my_chat_member_is_a_parse_error(self, member: object) -> None:
+        with pytest.raises(ParseError):
+            TG.parse({}, tg_update(my_chat_member=member))
 
     @pytest.mark.parametrize(
         "text",
