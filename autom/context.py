@@ -282,6 +282,21 @@ class HandlerContext:
             max_attempts=spec.max_attempts if max_attempts is None else max_attempts,
         ))
 
+    async def cancel(self, kind: str, key: str) -> bool:
+        """Cancel the pending job of ``kind`` with ``key`` when this job completes (or with its ``once`` block).
+
+        Returns whether one was pending (also one waiting for its retry). Committed with
+        this job's "done", fenced by its lease: nothing changes if this run raises, times
+        out or lost its lease. The cancelled job never runs and raises no alert; until
+        this job completes no worker can claim it. Running, done or failed jobs are left alone.
+        """
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("ctx.cancel needs a kind")
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError("ctx.cancel needs a non-empty key")
+        cancelled = await self._state.current_tx().fetch_val(Q.ctx_cancel, {"kind": kind, "key": key_text(key)})
+        return bool(cancelled)
+
     # -- writes committed with the job ----------------------------------------------------
 
     @asynccontextmanager

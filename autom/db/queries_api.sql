@@ -78,3 +78,20 @@ select id, kind, payload, key, recipient, run_at, max_attempts from jobs where i
 
 -- name: testing_jobs_of_event
 select id, kind, payload, key, recipient, run_at, max_attempts from jobs where event_id = %(event_id)s order by id;
+
+-- name: ctx_cancel
+-- ctx.cancel(kind, key): the pending job of that kind and key (also one waiting for
+-- its retry) ends cancelled, in the handler's transaction (so only if it commits).
+-- The updated row stays locked until then: no claim can take it meanwhile. As
+-- ops_cancel_job: a cancelled head of its recipient's line lets the next job run.
+with c as (
+    update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now()
+     where kind = %(kind)s and key = %(key)s and status = 'pending'
+    returning id, recipient
+),
+line as (
+    update recipients r set next_due_at = least(r.next_due_at, now()), ver = r.ver + 1
+      from c where r.recipient = c.recipient
+),
+wake as (select pg_notify('autom_jobs', '') from c)
+select count(*) as cancelled from c, (select count(*) from wake) w;

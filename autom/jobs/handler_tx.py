@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -99,6 +99,10 @@ class HandlerTransaction:
         """Insert ``job`` in the transaction; its id, or None when a job of its kind has its key."""
         ids = await self._first(lambda tx: tx.run(insert_jobs_sync, [job]))
         return ids[0] if ids else None
+
+    async def fetch_val(self, query: str, params: dict[str, Any]) -> Any:
+        """One of autom's statements in the transaction (its first column of its first row)."""
+        return await self._first(lambda tx: tx.fetch_val(query, params))
 
     async def commit(self, complete: Callable[[Tx], Awaitable[None]]) -> None:
         """Run ``complete(tx)`` (the fenced last write: the job's "done", or a once key's record)

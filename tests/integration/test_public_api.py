@@ -5,6 +5,7 @@ path (``autom.testing``)."""
 from __future__ import annotations
 
 import hmac
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -313,3 +314,50 @@ async def test_a_source_whose_header_check_passes_is_still_verified_in_full(dsn:
         signed = await bed.post("shop", body, {"X-Shop-Signature": hmac_signature("shop-secret", body)})
         assert signed.status == 202 and [job.kind for job in signed.jobs] == ["shop.order"]
     assert count(dsn, "select count(*) from events") == 1
+
+
+async def test_cancel_ends_a_pending_job_when_the_canceller_completes_and_not_if_it_raises(dsn: str) -> None:
+    app = App(builtins=False)
+    said: list[object] = []
+
+    @app.handler("lead")
+    async def lead(ctx: HandlerContext, job: Job) -> None:
+        said.append(await ctx.enqueue("remind", {}, key=f"remind:{job.payload['id']}",
+                                      run_at=timedelta(hours=1)))
+
+    @app.handler("take", max_attempts=1)
+    async def take(ctx: HandlerContext, job: Job) -> None:
+        said.append(await ctx.cancel("remind", f"remind:{job.payload['id']}"))
+        if job.payload.get("fail"):
+            raise RuntimeError("the take failed after cancelling")
+
+    @app.handler("remind")
+    async def remind(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        assert (await bed.run_job("lead", {"id": 1})).status == "done"
+        assert (await bed.run_job("lead", {"id": 1})).status == "done"  # its key exists: None
+        reminder = said[0]
+        assert isinstance(reminder, int) and said[1] is None
+        failed = await bed.run_job("take", {"id": 1, "fail": True})
+        assert failed.status == "failed"
+        assert count(dsn, "select count(*) from jobs where id = %s and status = 'pending'", reminder) == 1
+        taken = await bed.run_job("take", {"id": 1})
+        assert taken.status == "done", taken.error
+        assert count(dsn, "select count(*) from jobs where id = %s and status = 'cancelled'", reminder) == 1
+        again = await bed.run_job("take", {"id": 1})  # nothing pending any more
+        assert again.status == "done"
+    assert said[2:] == [True, True, False]
+
+
+async def test_cancel_refuses_an_empty_key(dsn: str) -> None:
+    app = App(builtins=False)
+
+    @app.handler("bad", max_attempts=1)
+    async def bad(ctx: HandlerContext, job: Job) -> None:
+        await ctx.cancel("bad", "")
+
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("bad")
+    assert run.error == "ValueError: ctx.cancel needs a non-empty key"
