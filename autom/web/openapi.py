@@ -180,7 +180,7 @@ _SCHEMAS: dict[str, Any] = {
             "attempt": {"type": "integer", "minimum": 0, "description": "1 = the first run (since the last retry)."},
             "started_at": _nullable({**_TIME, "description": "When it was claimed (unknown before migration 0008)."}),
             "ended_at": _nullable({**_TIME, "description": "NULL while it runs."}),
-            "outcome": {"type": "string", "enum": ["retry", "failed", "lease_expired", "running", "done"]},
+            "outcome": {"type": "string", "enum": ["retry", "failed", "lease_expired", "cancelled", "running", "done"]},
             "error": _nullable({"type": "string"}),
         },
     },

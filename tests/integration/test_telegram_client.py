@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from autom.config import Settings
-from autom.errors import JobError, PermanentError, Retry, TransientError
+from autom.errors import ChatBlocked, JobError, PermanentError, Retry, TransientError
 from autom.telegram import MAX_TEXT, TelegramClient, open_telegram
 from tests.support.fixtures_telegram import telegram_stub  # noqa: F401
 from tests.support.telegram_stub import Reply, TelegramStub
@@ -105,6 +105,25 @@ async def test_4xx_is_permanent(
     with pytest.raises(PermanentError) as info:
         await client.send_message(42, "x")
     assert str(info.value) == f"telegram sendMessage: HTTP {status} {description}"
+
+
+@pytest.mark.parametrize(("description", "blocked"), [
+    ("Forbidden: bot was blocked by the user", True),
+    ("Forbidden: user is deactivated", True),
+    ("Forbidden: bot was kicked from the supergroup chat", True),
+    ("Forbidden: bot can't initiate conversation with a user", False),
+    ("Forbidden: bot is not a member of the channel chat", False),
+])
+async def test_a_403_saying_the_chat_blocked_the_bot_is_chat_blocked(
+    client: TelegramClient, telegram_stub: TelegramStub, description: str, blocked: bool,  # noqa: F811
+) -> None:
+    telegram_stub.plan("sendMessage", [Reply(403, description=description)], chat_id=42)
+    with pytest.raises(PermanentError) as info:  # ChatBlocked is a PermanentError too
+        await client.send_message(42, "x")
+    assert isinstance(info.value, ChatBlocked) == blocked
+    assert str(info.value) == f"telegram sendMessage: HTTP 403 {description}"
+    if blocked:
+        assert isinstance(info.value, ChatBlocked) and info.value.chat_id == 42
 
 
 async def test_plans_per_chat_leave_other_chats_alone(client: TelegramClient, telegram_stub: TelegramStub) -> None:  # noqa: F811
