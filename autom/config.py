@@ -34,6 +34,10 @@ REQUIRED_FOR_RUN = (
 )
 
 
+#: The shortest ADMIN_TOKEN accepted: a token guessed at the lockout's pace (20 tries per
+#: client per minute) must stay out of reach, from however many clients.
+MIN_ADMIN_TOKEN = 24
+
 #: What ROLE (``--role``) may say: which parts of the service one process runs.
 ROLES = ("all", "intake", "worker")
 
@@ -160,6 +164,9 @@ class Settings:
             # Telegram refuses any other secret_token at setWebhook; better now than at deploy time
             problems.append("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - "
                             "(Telegram's rule); generate one with: openssl rand -hex 32")
+        if self.admin_token is not None and len(self.admin_token) < MIN_ADMIN_TOKEN:
+            problems.append(f"ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters; "
+                            "generate one with: openssl rand -hex 32")
         if self.role not in ROLES:
             problems.append(f"ROLE must be one of {', '.join(ROLES)}, got {self.role[:40]!r}")
         if self.heartbeat_url is not None and not re.match(r"^https?://[^/\s]+", self.heartbeat_url):

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import trio
 from dotenv import dotenv_values
 
-from autom.config import Settings
+from autom.config import MIN_ADMIN_TOKEN, Settings
 from autom.errors import AddressInUse, AutomError, ConfigError
 from autom.sources.base import hmac_sha256
 
@@ -76,9 +76,12 @@ _ENV_HEADER = (
 
 
 def secret_is_valid(name: str, value: str) -> bool:
-    """Whether ``value`` can serve as ``name`` (Telegram restricts its secret's characters)."""
+    """Whether ``value`` can serve as ``name`` (Telegram restricts its secret's characters; ADMIN_TOKEN
+    must be at least ``MIN_ADMIN_TOKEN`` characters)."""
     if name == "TELEGRAM_WEBHOOK_SECRET":
         return _TELEGRAM_SECRET.fullmatch(value) is not None
+    if name == "ADMIN_TOKEN":
+        return len(value) >= MIN_ADMIN_TOKEN
     return bool(value)
 
 

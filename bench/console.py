@@ -36,7 +36,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ADMIN_DSN = os.environ.get("AUTOM_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-TOKEN = "bench-admin-token"
+TOKEN = "bench-admin-token-0123456789"
 KINDS = ["telegram.message", "telegram.send", "site.form", "github.event", "stripe.event", "heartbeat"]
 
 SEED_EVENTS = """

@@ -3,9 +3,11 @@
 Every route needs ``Authorization: Bearer $ADMIN_TOKEN``. The check runs before
 anything else a route does (parameter checks, database look-ups), so a caller
 without the token learns nothing, not even whether an id exists: every answer
-is then 401 ``{"error": ...}`` with ``WWW-Authenticate: Bearer``. Without an
-ADMIN_TOKEN setting the admin API refuses everyone (an empty token must never
-match an empty header).
+is then 401 ``{"error": ...}`` with ``WWW-Authenticate: Bearer``. A 401 counts as
+a failed delivery of its client: more than 20 within 10 s and that client gets
+429 for 60 s (``autom.web.lockout``). Without an ADMIN_TOKEN setting the admin API
+refuses everyone (an empty token must never match an empty header). Every answer
+carries ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``.
 
 Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 
@@ -49,11 +51,13 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from autom.admission import retry_after
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
-from autom.ops import BULK_RETRY_CAP, JobFilter, Operations, query_error_message
+from autom.ops import BULK_RETRY_CAP, JobFilter, Operations, query_error_message, visible
 from autom.web import params as p
+from autom.web.lockout import Lockout
 from autom.web.params import MAX_ID, BadParameter
 from autom.web.responses import error_response, json_response
 
@@ -116,23 +120,43 @@ class Admin:
         token = deps.settings.admin_token
         # Digests, so that compare_digest also runs in time independent of the token's length.
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest() if token else None
+        self._lockout = Lockout(deps, log)
 
     async def authenticate(self) -> Response | None:
-        """Before every admin route: ``None`` lets the request through, else the 401 answer."""
+        """Before every admin route: ``None`` lets the request through, else the 401 (or 429) answer.
+
+        A client with more than 20 refusals within 10 s gets 429 for 60 s, whatever it
+        sends (``autom.web.lockout``); every other client is untouched.
+        """
+        client = self._lockout.client()
+        blocked = self._lockout.blocked_for(client)
+        if blocked > 0:
+            self._lockout.note(client, "admin: refused (429) a client that keeps sending wrong tokens")
+            return error_response(429, "too many refused requests from this client, try again later",
+                                  {"Retry-After": str(retry_after(blocked))})
+        problem = self._token_problem()
+        if problem is None:
+            return None
+        path = visible(request.path[:100], one_line=True)
+        self._lockout.failed(client, f"admin: refused (401) {request.method} {path}: {problem}")
+        return _unauthorized(problem)
+
+    def _token_problem(self) -> str | None:
+        """What is wrong with this request's Authorization header (None: it carries ADMIN_TOKEN)."""
         if self._token_digest is None:
-            return _unauthorized("the admin API is disabled: ADMIN_TOKEN is not set")
+            return "the admin API is disabled: ADMIN_TOKEN is not set"
         # Raw header bytes from the ASGI scope: no decoding guesses, and a repeated
         # Authorization header (ambiguous: which one counts?) is refused outright.
         values = [v for k, v in request.scope["headers"] if k.lower() == b"authorization"]
         if not values:
-            return _unauthorized("missing Authorization: Bearer token")
+            return "missing Authorization: Bearer token"
         if len(values) > 1:
-            return _unauthorized("more than one Authorization header")
+            return "more than one Authorization header"
         token = bearer_token(values[0])
         if token is None:
-            return _unauthorized("Authorization must be: Bearer <token>")
+            return "Authorization must be: Bearer <token>"
         if not hmac.compare_digest(hashlib.sha256(token).digest(), self._token_digest):
-            return _unauthorized("invalid token")
+            return "invalid token"
         return None
 
     async def list_jobs(self) -> Response:

@@ -51,6 +51,8 @@ _UNAUTHORIZED = _error(
 _UNAVAILABLE = _error("The database is unavailable.")
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
                                 "schema": {"type": "integer", "minimum": 1}}}
+_LOCKED_OUT = _error("This client was refused (401) more than 20 times within 10 s: it is refused for 60 s, "
+                     "whatever token it sends (every other client is not).", _RETRY_AFTER)
 _BAD_ID = _error("The id is not a positive integer that fits a bigint, or a query parameter was given.")
 _SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
 _NO_QUERY = _error("This route takes no query parameter.")
@@ -101,14 +103,14 @@ def _admin_operation(
     operation_id: str, summary: str, responses: dict[str, Any], *,
     description: str | None = None, parameters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """An /admin operation: bearer token, and the 401 and 503 every admin route can answer."""
+    """An /admin operation: bearer token, and the 401, 429 and 503 every admin route can answer."""
     operation: dict[str, Any] = {"operationId": operation_id, "tags": ["admin"], "summary": summary}
     if description:
         operation["description"] = description
     operation["security"] = _SECURITY
     if parameters:
         operation["parameters"] = parameters
-    every = {"401": _UNAUTHORIZED, "503": _UNAVAILABLE}
+    every = {"401": _UNAUTHORIZED, "429": _LOCKED_OUT, "503": _UNAVAILABLE}
     operation["responses"] = dict(sorted({**responses, **every}.items()))
     return operation
 

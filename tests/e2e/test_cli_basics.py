@@ -64,7 +64,7 @@ def test_run_on_a_port_in_use_is_one_line_exit_1(empty_dsn, tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         env = clean_env(DATABASE_URL=empty_dsn, TELEGRAM_BOT_TOKEN="1:x", TELEGRAM_ALERT_CHAT_ID="1",
-                        TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a",
+                        TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a" * 24,
                         HOST="127.0.0.1", PORT=str(port), TELEGRAM_API="http://127.0.0.1:9")
         result = run_autom("run", env=env, cwd=tmp_path)
     assert result.returncode == 1

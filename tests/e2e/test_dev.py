@@ -77,6 +77,14 @@ def test_a_saved_telegram_secret_telegram_would_refuse_is_replaced(tmp_path):
     assert dotenv_values(path)["TELEGRAM_WEBHOOK_SECRET"] == settings.telegram_webhook_secret
 
 
+def test_a_saved_admin_token_shorter_than_24_characters_is_replaced(tmp_path):
+    path = tmp_path / "dev.env"
+    path.write_text("ADMIN_TOKEN=short\n")
+    settings, generated = dev.with_dev_secrets(Settings(), path)
+    assert "ADMIN_TOKEN" in generated and len(settings.admin_token or "") >= 24
+    assert dotenv_values(path)["ADMIN_TOKEN"] == settings.admin_token
+
+
 def test_dev_defaults_log_telegram_calls_to_a_harmless_chat(tmp_path):
     settings, _ = dev.dev_settings(Settings.from_env({}, env_file=None, defaults=dev.DEV_DEFAULTS), tmp_path)
     assert settings.telegram_alert_chat_id == dev.DEV_ALERT_CHAT
@@ -397,7 +405,7 @@ async def test_the_dockerfile_command_runs_here_with_compose_settings(tmp_path, 
         "TELEGRAM_ALERT_CHAT_ID": "-1000",
         "TELEGRAM_WEBHOOK_SECRET": "tg-secret",
         "SITE_WEBHOOK_SECRET": "site-secret",
-        "ADMIN_TOKEN": "admin-token",
+        "ADMIN_TOKEN": "admin-token-of-the-compose-test",
         "POSTGRES_PASSWORD": "pw",
         "TELEGRAM_API": telegram_stub.url,  # never the real Telegram from a test
     })

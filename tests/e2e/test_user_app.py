@@ -90,7 +90,7 @@ async def test_a_user_source_and_handler_are_served_from_a_user_module(dsn, db, 
 
 def run_env(dsn: str = "postgresql://postgres@127.0.0.1:1/none", **extra: str) -> dict[str, str]:
     return clean_env(DATABASE_URL=dsn, TELEGRAM_BOT_TOKEN="1:x", TELEGRAM_ALERT_CHAT_ID="1",
-                     TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a", **extra)
+                     TELEGRAM_WEBHOOK_SECRET="s", SITE_WEBHOOK_SECRET="s", ADMIN_TOKEN="a" * 24, **extra)
 
 
 @pytest.mark.parametrize(("module", "spec", "expected"), [

@@ -9,8 +9,11 @@ seeing the messages.
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +24,7 @@ import trio
 from autom.db import open_database
 from autom.handlers import default_handlers
 from autom.jobs.models import NewJob
-from tests.support.http_app import TELEGRAM_SECRET, RunningApp, app_settings, running_app
+from tests.support.http_app import TELEGRAM_SECRET, RunningApp, app_settings, client_at, running_app
 from tests.support.pg import with_lock_timeout
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import (
@@ -58,17 +61,17 @@ ROUTES = [
 BAD_AUTH: list[str | bytes | None] = [
     None,
     "",
-    "Basic " + "YWRtaW46YWRtaW4tdG9rZW4=",  # admin:admin-token
-    "Token admin-token",
-    "admin-token",
+    "Basic " + base64.b64encode(f"admin:{ADMIN_TOKEN}".encode()).decode(),
+    f"Token {ADMIN_TOKEN}",
+    ADMIN_TOKEN,
     "Bearer",
     "Bearer wrong-token",
-    "Bearer admin-toke",
-    "Bearer admin-tokenX",
-    "Bearer admin-token extra",
-    "Bearer ADMIN-TOKEN",
-    b"Bearer admin-token" + "é".encode(),  # raw UTF-8 bytes after the token
-    b"Bearer " + "ädmin-token".encode("latin-1"),
+    f"Bearer {ADMIN_TOKEN[:-1]}",
+    f"Bearer {ADMIN_TOKEN}X",
+    f"Bearer {ADMIN_TOKEN} extra",
+    f"Bearer {ADMIN_TOKEN.upper()}",
+    f"Bearer {ADMIN_TOKEN}".encode() + "é".encode(),  # raw UTF-8 bytes after the token
+    b"Bearer " + ("ä" + ADMIN_TOKEN[1:]).encode("latin-1"),
 ]
 
 CONTRACT_JOB_KEYS = {
@@ -119,13 +122,17 @@ async def test_every_admin_route_refuses_missing_malformed_and_wrong_tokens(app:
     event_id = (await post_update(app.client, ping(1, 42))).json()["id"]
     job_id = await db.fetch_val("select id from jobs where event_id = %s", [event_id])
     refused = []
+    sent = 0
     # existing ids, unknown ids and malformed ids alike: 401 comes before 400 and 404
     for job, event in ((job_id, event_id), (987654, 987654), ("abc", "-1")):
         for method, path, _ in ROUTES:
             url = route_path(path, job, event)
             for value in BAD_AUTH:
                 headers = {} if value is None else {"Authorization": value}
-                response = await app.client.request(method, url, headers=headers)
+                # 20 from each client address: the 21st refusal within 10 s would lock its client out
+                async with client_at(app.url, f"127.0.1.{sent // 20 + 1}") as client:
+                    response = await client.request(method, url, headers=headers)
+                sent += 1
                 if (
                     response.status_code != 401
                     or response.headers.get("www-authenticate") != "Bearer"
@@ -149,6 +156,30 @@ async def test_every_admin_route_accepts_the_right_token(app: RunningApp, db: An
                                                 headers={"Authorization": value})
             assert response.status_code == status, (method, path, value, response.text)
             assert response.headers["content-type"] == "application/json"
+
+
+async def test_a_client_sending_wrong_tokens_is_locked_out_and_logged_sparingly(
+    app: RunningApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="autom.admin")
+    wrong = {"Authorization": "Bearer wrong-token"}
+    async with client_at(app.url, "127.0.0.2") as guesser:
+        started = time.monotonic()
+        for _ in range(21):  # more than 20 within 10 s
+            assert (await guesser.get("/admin/stats", headers=wrong)).status_code == 401
+        elapsed = time.monotonic() - started
+        for headers in (wrong, AUTH):  # locked out for now, whatever it sends
+            locked = await guesser.get("/admin/stats", headers=headers)
+            assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+            assert set(locked.json()) == {"error"}
+    # every other client, the right token works
+    assert (await app.client.get("/admin/stats", headers=AUTH)).status_code == 200
+    async with client_at(app.url, "127.0.0.3") as other:
+        assert (await other.get("/admin/stats", headers=AUTH)).status_code == 200
+    lines = [r for r in caplog.records if r.name == "autom.admin" and "127.0.0.2" in r.getMessage()]
+    assert lines and "admin: refused (401) GET /admin/stats: invalid token" in lines[0].getMessage()
+    # at most one line a second for the client (21 refusals and 2 lockouts came in ``elapsed`` s and a bit)
+    assert len(lines) <= elapsed + 3, [r.getMessage() for r in lines]
 
 
 async def test_a_repeated_authorization_header_is_refused(app: RunningApp) -> None:
@@ -516,7 +547,7 @@ async def test_openapi_describes_every_route_without_auth(app: RunningApp) -> No
     for key, status in admin.items():
         op, codes = operations[key], set(operations[key]["responses"])
         assert op["security"] == [{"adminToken": []}]
-        assert {str(status), "401", "503"} <= codes
+        assert {str(status), "401", "429", "503"} <= codes
         if "_id}" in key[1]:
             assert {"400", "404"} <= codes
     for key in others:

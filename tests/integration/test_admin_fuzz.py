@@ -101,11 +101,16 @@ def fuzz_with_schemathesis(
     existing = {"job_id": job_ids, "event_id": event_ids}
     seen: Counter[tuple[str, int]] = Counter()
 
+    clients = iter(range(1, 2**24))
+
     @FUZZ_SETTINGS
     @given(case=cases, right_token=st.booleans(), data=st.data())
     def property_(case: Any, right_token: bool, data: st.DataObject) -> None:
+        # each example is another client (the service trusts 127.0.0.1 as a proxy): the lockout of a
+        # client sending wrong tokens (tests/integration/test_admin.py) does not hide what lies behind it
+        case.headers = {**(case.headers or {}), "X-Forwarded-For": _address(next(clients))}
         if case.path.startswith("/admin/") and right_token:
-            case.headers = {**(case.headers or {}), "Authorization": RIGHT_AUTH}
+            case.headers = {**case.headers, "Authorization": RIGHT_AUTH}
         for name in case.path_parameters or {}:
             if name in existing and data.draw(st.booleans(), label="existing id"):
                 case.path_parameters[name] = data.draw(st.sampled_from(existing[name]), label=name)
@@ -118,11 +123,16 @@ def fuzz_with_schemathesis(
     return seen
 
 
+def _address(n: int) -> str:
+    """The ``n``-th client address of the fuzzers (10.0.0.0/8)."""
+    return f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+
+
 async def test_schemathesis_finds_no_5xx_and_every_answer_is_documented(
     dsn: str, db: Any, telegram_stub: Any
 ) -> None:
     async with (
-        running_service(service_settings(dsn, telegram_stub.url)) as svc,
+        running_service(service_settings(dsn, telegram_stub.url, trusted_proxies="127.0.0.1")) as svc,
         httpx.AsyncClient(base_url=svc.urls[0]) as client,
     ):
         job_ids, event_ids = await seed(client)
@@ -212,8 +222,8 @@ def expected_statuses(table: list[Any], method: str, path: str) -> set[int]:
         if pattern.fullmatch(path):
             if method == "HEAD" and "GET" in operations:
                 return operations["GET"]
-            if method == "OPTIONS":  # answered by Quart, behind the admin auth wall
-                return {200, 401} if path.startswith("/admin/") else {200}
+            if method == "OPTIONS":  # answered by Quart, behind the admin auth wall (and its lockout)
+                return {200, 401, 429} if path.startswith("/admin/") else {200}
             return operations.get(method, {405})
     return {404}
 
@@ -226,10 +236,13 @@ def fuzz_raw(document: dict[str, Any], base_url: str) -> Counter[tuple[str, str,
     """
     table = route_table(document)
     seen: Counter[tuple[str, str, int]] = Counter()
+    clients = iter(range(1, 2**24))
 
     @FUZZ_SETTINGS
     @given(raw=raw_inputs())
     def property_(client: httpx.Client, raw: RawInput) -> None:
+        # each example is another client, as in the schemathesis property
+        raw_headers = [*raw.headers, ("X-Forwarded-For", _address(next(clients)))]
         # a function, not a string, as replacement: re.sub would read backslashes in it as escapes
         path_quoted = quote(raw.segment, safe="")
         query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in raw.query)
@@ -242,7 +255,7 @@ def fuzz_raw(document: dict[str, Any], base_url: str) -> Counter[tuple[str, str,
                 # hypercorn close the connection after the answer, without "Connection: close":
                 # the next request on it then finds it gone. Such requests use a connection of
                 # their own, so that hypercorn behaviour does not mask what the app answers.
-                headers = [*raw.headers, ("Connection", "close")] if body else raw.headers
+                headers = [*raw_headers, ("Connection", "close")] if body else raw_headers
                 try:
                     response = client.request(method, httpx.URL(base_url + url), headers=headers, content=body)
                 except httpx.TransportError as exc:  # a dropped connection is a failure of the service too
@@ -265,7 +278,7 @@ async def test_raw_requests_never_get_a_5xx_and_documented_paths_answer_document
     dsn: str, db: Any, telegram_stub: Any
 ) -> None:
     async with (
-        running_service(service_settings(dsn, telegram_stub.url)) as svc,
+        running_service(service_settings(dsn, telegram_stub.url, trusted_proxies="127.0.0.1")) as svc,
         httpx.AsyncClient(base_url=svc.urls[0]) as client,
     ):
         await seed(client)

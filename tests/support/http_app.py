@@ -22,6 +22,7 @@ from autom.deps import Deps
 from autom.jobs.store import JobStore
 from autom.sources import enabled_sources
 from autom.web import create_app, serve_http
+from tests.support.service import ADMIN_TOKEN
 
 TELEGRAM_SECRET = "tg-secret-token_1"
 SITE_SECRET = "site-secret"
@@ -42,7 +43,7 @@ def app_settings(**changes: Any) -> Settings:
         "github_webhook_secret": GITHUB_SECRET,
         "stripe_webhook_secret": STRIPE_SECRET,
         "standard_webhook_secret": STANDARD_SECRET,
-        "admin_token": "admin-token",
+        "admin_token": ADMIN_TOKEN,
         "host": "127.0.0.1",
         "shutdown_grace_seconds": 5.0,
         "log_format": "text",
@@ -122,6 +123,12 @@ async def running_app(
             yield RunningApp(deps=deps, url=urls[0], client=client, done=done, app=app)
         deps.shutdown.value = True
         nursery.cancel_scope.deadline = trio.current_time() + 10
+
+
+def client_at(url: str, address: str) -> httpx.AsyncClient:
+    """A client of ``url`` that connects from ``address`` (127.0.0.2, 127.0.0.3, ...: another client
+    to the server, as another machine would be; Linux routes all of 127/8 to loopback)."""
+    return httpx.AsyncClient(base_url=url, timeout=10.0, transport=httpx.AsyncHTTPTransport(local_address=address))
 
 
 def sample(metric: Any, **labels: str) -> float:

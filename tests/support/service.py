@@ -17,7 +17,7 @@ from autom.service import Control, Service, run_service
 
 TG_SECRET = "tg-secret_123"
 SITE_SECRET = "site-secret"
-ADMIN_TOKEN = "admin-token"
+ADMIN_TOKEN = "admin-token-of-the-tests-0123"  # at least 24 characters, as the settings demand
 ALERT_CHAT = "-1000"
 
 

@@ -13,7 +13,7 @@ FULL = {
     "TELEGRAM_ALERT_CHAT_ID": "-100",
     "TELEGRAM_WEBHOOK_SECRET": "tg-secret-value",
     "SITE_WEBHOOK_SECRET": "site-secret-value",
-    "ADMIN_TOKEN": "admin-token-value",
+    "ADMIN_TOKEN": "admin-token-value-0123456789",
 }
 
 
@@ -58,15 +58,17 @@ def test_malformed_values_are_named(name, value, message):
 
 def test_numbers_parse_and_env_wins_over_dotenv(tmp_path):
     env_file = tmp_path / ".env"
-    env_file.write_text("PORT=9000\nWORKERS=3\n# comment\nexport LOG_LEVEL=debug\nADMIN_TOKEN='quoted value'\n")
+    env_file.write_text("PORT=9000\nWORKERS=3\n# comment\nexport LOG_LEVEL=debug\n"
+                        "ADMIN_TOKEN='quoted value of 24 characters'\n")
     s = Settings.from_env({"PORT": "9100"}, env_file=env_file)
-    assert (s.port, s.workers, s.log_level, s.admin_token) == (9100, 3, "debug", "quoted value")
+    assert (s.port, s.workers, s.log_level) == (9100, 3, "debug")
+    assert s.admin_token == "quoted value of 24 characters"
 
 
 def test_secrets_never_appear_in_repr():
     s = Settings.from_env(FULL, env_file=None)
     text = repr(s)
-    for value in ("dbpass", "bot-token-value", "tg-secret-value", "site-secret-value", "admin-token-value"):
+    for value in ("dbpass", "bot-token-value", "tg-secret-value", "site-secret-value", FULL["ADMIN_TOKEN"]):
         assert value not in text
 
 
@@ -102,3 +104,11 @@ def test_a_telegram_secret_telegram_would_refuse_is_refused_at_start(secret):
     with pytest.raises(ConfigError, match="TELEGRAM_WEBHOOK_SECRET must be 1-256 characters"):
         Settings.from_env({**FULL, "TELEGRAM_WEBHOOK_SECRET": secret}, env_file=None, require=REQUIRED_FOR_RUN)
     assert Settings.from_env({**FULL, "TELEGRAM_WEBHOOK_SECRET": "A-z_09" * 40}, env_file=None)
+
+
+def test_an_admin_token_shorter_than_24_characters_is_a_settings_error_that_never_echoes_it():
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({**FULL, "ADMIN_TOKEN": "x" * 23}, env_file=None, require=REQUIRED_FOR_RUN)
+    assert str(caught.value) == ("ADMIN_TOKEN must be at least 24 characters; generate one with: "
+                                 "openssl rand -hex 32")
+    assert Settings.from_env({**FULL, "ADMIN_TOKEN": "x" * 24}, env_file=None).admin_token == "x" * 24

@@ -101,3 +101,15 @@ def test_visible_escapes_what_would_act_on_the_screen_and_keeps_the_rest() -> No
     kept = "tab\tnew\nline\r é ü 😀 👨\u200d👩 שלום مرحبا"
     assert visible(kept) == kept
     assert visible("a\tb\nc", one_line=True) == "a\\x09b\\x0ac"
+
+
+def test_log_throttle_lets_one_line_a_second_per_key_through_and_counts_the_rest() -> None:
+    from autom.web.lockout import LogThrottle
+
+    throttle = LogThrottle(every=1.0, max_keys=2)
+    assert throttle.allow("a", 100.0) == 0
+    assert throttle.allow("a", 100.5) is None and throttle.allow("a", 100.9) is None
+    assert throttle.allow("b", 100.9) == 0  # another key is not held back
+    assert throttle.allow("a", 101.0) == 2  # two lines skipped meanwhile
+    assert throttle.allow("c", 105.0) == 0  # past max_keys: the quiet keys are forgotten
+    assert throttle.allow("a", 105.1) == 0

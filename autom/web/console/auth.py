@@ -1,4 +1,4 @@
-"""The console's session, CSRF token and login limiter: pure, with the time passed in.
+"""The console's session and CSRF token: pure, with the time passed in.
 
 **Session.** Logging in with ADMIN_TOKEN sets a cookie ``v1.<issued>.<nonce>.<mac>``:
 when it was issued (unix seconds), a random nonce, and an HMAC-SHA256 of both under
@@ -12,10 +12,8 @@ under its own key), so it never goes stale across tabs and needs no storage; a
 POST without the right one is 403. Cross-site POSTs are refused earlier by
 ``Sec-Fetch-Site`` / ``Origin`` (``cross_site``) where the browser sends them.
 
-**Login limiter.** Failed logins per client address are limited (``LoginLimiter``):
-after ``attempts`` failures within ``window`` seconds, that address is refused for
-the rest of the window, and all addresses together get ``global_attempts`` per
-window, so guessing from many addresses is slow too.
+**Wrong logins** count against their client only (``autom.web.lockout``), never
+against the right token sent from anyone else.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -104,47 +101,3 @@ def cross_site(sec_fetch_site: str | None, origin: str | None, host: str | None)
             return True
         return urlsplit(origin.strip()).netloc.lower() != host.strip().lower()
     return False
-
-
-class LoginLimiter:
-    """Failed logins: at most ``attempts`` per address and ``global_attempts`` in all per ``window`` seconds."""
-
-    def __init__(self, attempts: int = 5, window: float = 60.0, global_attempts: int = 50,
-                 max_addresses: int = 10_000) -> None:
-        self.attempts = attempts
-        self.window = window
-        self.global_attempts = global_attempts
-        self._max_addresses = max_addresses
-        self._failures: dict[str, deque[float]] = {}
-        self._all: deque[float] = deque()
-
-    def retry_after(self, address: str, now: float) -> float:
-        """Seconds until ``address`` may try again (0 = now)."""
-        self._forget(now)
-        waits = [0.0]
-        mine = self._failures.get(address)
-        if mine is not None and len(mine) >= self.attempts:
-            waits.append(mine[0] + self.window - now)
-        if len(self._all) >= self.global_attempts:
-            waits.append(self._all[0] + self.window - now)
-        return max(waits)
-
-    def failed(self, address: str, now: float) -> None:
-        """Record a failed login from ``address`` at ``now``."""
-        self._forget(now)
-        if address not in self._failures and len(self._failures) >= self._max_addresses:
-            # a flood of addresses must not grow memory without bound: the global
-            # budget still holds them back
-            self._failures.pop(next(iter(self._failures)))
-        self._failures.setdefault(address, deque()).append(now)
-        self._all.append(now)
-
-    def _forget(self, now: float) -> None:
-        cutoff = now - self.window
-        while self._all and self._all[0] <= cutoff:
-            self._all.popleft()
-        for address in [a for a, times in self._failures.items() if times and times[-1] <= cutoff]:
-            del self._failures[address]
-        for times in self._failures.values():
-            while times and times[0] <= cutoff:
-                times.popleft()

@@ -14,13 +14,14 @@ import jinja2
 from markupsafe import Markup
 from quart import Blueprint, Response, g, request
 
-from autom.admission import client_key
+from autom.admission import retry_after
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
 from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline, visible
 from autom.web import params as p
 from autom.web.console import present
-from autom.web.console.auth import COOKIE, LoginLimiter, Session, Sessions, cross_site
+from autom.web.console.auth import COOKIE, Session, Sessions, cross_site
+from autom.web.lockout import Lockout
 from autom.web.params import BadParameter
 
 log = logging.getLogger("autom.console")
@@ -134,8 +135,7 @@ class Console:
         self._ops = Operations.of(deps.db, deps.registry)
         token = deps.settings.admin_token
         self._sessions = Sessions(token, deps.settings.console_session_hours * 3600) if token else None
-        self._limiter = LoginLimiter()
-        self._trusted = deps.settings.trusted_networks()
+        self._lockout = Lockout(deps, log)
         self._clock = clock
         self._css = resources.files("autom.web.console").joinpath("static", "console.css").read_bytes()
 
@@ -198,24 +198,23 @@ class Console:
         if self._sessions is None:
             return await self._render("login.html", 403, next=nxt, error="The console is disabled: "
                                       "ADMIN_TOKEN is not set.", disabled=True)
-        # the client as the door sees it: behind a trusted proxy (TRUSTED_PROXIES), the
-        # address X-Forwarded-For names, so one guesser does not lock out everyone
-        forwarded = request.headers.getlist("X-Forwarded-For") if self._trusted else []
-        address = client_key(request.remote_addr, forwarded, self._trusted)
-        now = self._clock()
-        wait = self._limiter.retry_after(address, now)
+        # the client as the door sees it (behind TRUSTED_PROXIES, whom X-Forwarded-For names):
+        # its wrong tokens lock only it out, never the right token from anyone else
+        client = self._lockout.client()
+        wait = self._lockout.blocked_for(client)
         if wait > 0:
+            self._lockout.note(client, "console: refused (429) a login from a client that keeps failing")
+            seconds = retry_after(wait)
             response = await self._render("login.html", 429, next=nxt, disabled=False,
-                                          error=f"Too many failed logins: wait {int(wait) + 1} s.")
-            return _with_headers(response, {"Retry-After": str(int(wait) + 1)})
+                                          error=f"Too many failed logins from your address: wait {seconds} s.")
+            return _with_headers(response, {"Retry-After": str(seconds)})
         if not self._sessions.token_matches(str(form.get("token", ""))):
-            self._limiter.failed(address, now)
-            log.warning("console: failed login from %s", address)
+            self._lockout.failed(client, "console: failed login")
             return await self._render("login.html", 401, next=nxt, disabled=False,
                                       error="That is not the ADMIN_TOKEN.")
-        log.info("console: login from %s", address)
+        log.info("console: login from %s", visible(client, one_line=True))
         response = _redirect(nxt or "/ui/", 303)
-        response.set_cookie(COOKIE, self._sessions.issue(now), max_age=int(self._sessions.lifetime),
+        response.set_cookie(COOKIE, self._sessions.issue(self._clock()), max_age=int(self._sessions.lifetime),
                             path="/ui/", secure=_https(), httponly=True, samesite="Strict")
         return response
 
