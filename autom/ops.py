@@ -260,21 +260,23 @@ class Operations:
         return job_json(row)
 
     async def count_failed(self, kind: str | None = None, since: datetime | None = None,
-                           cap: int = BULK_RETRY_CAP) -> Capped:
-        """How many failed jobs ``retry_failed(kind, since)`` would take, counted up to ``cap``."""
-        n = await self.db.fetch_val(Q.ops_count_failed, {"kind": kind, "since": since, "cap": cap})
+                           cap: int = BULK_RETRY_CAP, *, recipient: str | None = None) -> Capped:
+        """How many failed jobs ``retry_failed(kind, since, recipient=)`` would take, counted up to ``cap``."""
+        n = await self.db.fetch_val(Q.ops_count_failed,
+                                    {"kind": kind, "recipient": recipient, "since": since, "cap": cap})
         return Capped(int(n or 0), cap)
 
     async def retry_failed(self, kind: str | None = None, since: datetime | None = None, *,
-                           cap: int = BULK_RETRY_CAP, batch: int = BULK_RETRY_BATCH) -> BulkRetry:
-        """Retry every failed job of ``kind`` that failed at or after ``since`` (each optional).
+                           recipient: str | None = None, cap: int = BULK_RETRY_CAP,
+                           batch: int = BULK_RETRY_BATCH) -> BulkRetry:
+        """Retry every failed job of ``kind`` and ``recipient`` that failed at or after ``since`` (each optional).
 
         At most ``cap`` jobs per call, in statements of ``batch`` rows, oldest first;
         a job that left ``failed`` meanwhile (retried or deleted by someone else) is
         counted in ``skipped``.
         """
         ids = [r["id"] for r in await self.db.fetch_all(
-            Q.ops_failed_ids, {"kind": kind, "since": since, "limit": cap + 1})]
+            Q.ops_failed_ids, {"kind": kind, "recipient": recipient, "since": since, "limit": cap + 1})]
         more = len(ids) > cap
         ids = ids[:cap]
         retried: list[int] = []

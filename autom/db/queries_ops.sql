@@ -84,11 +84,12 @@ wake as (select pg_notify('autom_jobs', '') from c)
 select c.* from c, (select count(*) from wake) w;
 
 -- name: ops_failed_ids
--- The failed jobs a bulk retry takes (kind and since = finished at or after are
--- optional), oldest first, at most %(limit)s: the caller retries them in batches.
+-- The failed jobs a bulk retry takes (kind, recipient and since = finished at or
+-- after are optional), oldest first, at most %(limit)s: the caller retries them in batches.
 select id from jobs
 where status = 'failed'
   and (%(kind)s::text is null or kind = %(kind)s)
+  and (%(recipient)s::text is null or recipient = %(recipient)s)
   and (%(since)s::timestamptz is null or finished_at >= %(since)s)
 order by id
 limit %(limit)s;
@@ -100,6 +101,7 @@ select count(*) from (
     select 1 from jobs
     where status = 'failed'
       and (%(kind)s::text is null or kind = %(kind)s)
+      and (%(recipient)s::text is null or recipient = %(recipient)s)
       and (%(since)s::timestamptz is null or finished_at >= %(since)s)
     limit %(cap)s
 ) c;

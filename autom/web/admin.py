@@ -18,8 +18,10 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``GET  /admin/jobs/{id}``                    200 the job with its ``attempt_log``; 404 unknown.
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
 * ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled; 409 unless pending; 404.
-* ``POST /admin/retry-failed?kind=&since=``  200 ``{"retried","skipped","more","ids"}``: every
-  failed job matching, at most ``BULK_RETRY_CAP`` a call, in batches.
+* ``POST /admin/retry-failed`` body ``{"kind","recipient","since"}`` (each optional, or as query
+  parameters)  200 ``{"retried","skipped","more","ids"}``: every failed job matching, at most
+  ``BULK_RETRY_CAP`` a call, in batches; 400 for a body that is not a JSON object, an unknown
+  field or a malformed value.
 * ``GET  /admin/events?source=&since=&until=&before=&limit=50``  200 ``{"events": [...]}``.
 * ``GET  /admin/events/{id}``                  200 the event with its ``job_ids``; 404.
 * ``POST /admin/events/{id}/replay``           202 ``{"jobs": [ids created]}`` (always new jobs);
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -76,7 +79,7 @@ JOB_FILTERS: dict[str, p.Parser] = {
 }
 JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
-RETRY_FAILED = {"kind": p.text, "since": p.when}
+RETRY_FAILED = {"kind": p.text, "recipient": p.text, "since": p.when}
 #: routes that take no query parameter at all
 NONE: dict[str, p.Parser] = {}
 
@@ -197,14 +200,21 @@ class Admin:
         return await self._with_id(job_id, "job", 200, cancel)
 
     async def retry_failed(self) -> Response:
-        """``POST /admin/retry-failed?kind=&since=``: 200 how many were retried and skipped."""
+        """``POST /admin/retry-failed`` with ``{"kind","recipient","since"}`` (each optional; or as query
+        parameters): 200 how many were retried and skipped; 400 for an unknown or malformed field."""
         try:
             q = query(RETRY_FAILED)
+            fields = json_fields(await request.get_data(True, False, False), RETRY_FAILED)
+            for name, value in fields.items():
+                if q[name] is not None:
+                    raise BadParameter(f"{name} given both in the query and in the body")
+                q[name] = value
         except BadParameter as exc:
             return error_response(400, str(exc))
 
         async def retry() -> dict[str, Any]:
-            result = await self._ops.retry_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP)
+            result = await self._ops.retry_failed(q["kind"], q["since"], recipient=q["recipient"],
+                                                  cap=BULK_RETRY_CAP)
             if result.retried:
                 self._deps.doorbell.set()
             log.info("admin: retried %d failed job(s), skipped %d", len(result.retried), result.skipped,
@@ -309,6 +319,33 @@ class Admin:
             return error_response(503, query_error_message(exc), {"Retry-After": "1"})
         metrics.db_up.set(1)
         return json_response(status, result if wrap is None else {wrap: result})
+
+
+def json_fields(body: bytes, spec: Mapping[str, p.Parser]) -> dict[str, Any]:
+    """The fields of a JSON object body, each a string (or null: not given) checked by its parser in ``spec``.
+
+    An empty body is no fields. Anything but a JSON object, a field ``spec`` does not
+    name, or a value that is not a string is ``BadParameter`` (400) naming it.
+    """
+    if not body.strip():
+        return {}
+    try:
+        document = json.loads(body)
+    except ValueError:  # also UnicodeDecodeError: not UTF-8
+        raise BadParameter("the body must be a JSON object") from None
+    if not isinstance(document, dict):
+        raise BadParameter("the body must be a JSON object")
+    fields: dict[str, Any] = {}
+    for name, value in document.items():
+        if name not in spec:
+            shown = name if len(name) <= 40 and name.isprintable() else repr(name[:40])
+            raise BadParameter(f"unknown field {shown!r} (known: {', '.join(sorted(spec))})")
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise BadParameter(f"{name} must be a string")
+        fields[name] = spec[name](name, value)
+    return fields
 
 
 def bearer_token(value: bytes) -> bytes | None:

@@ -445,18 +445,27 @@ _PATHS: dict[str, Any] = {
         ),
     },
     "/admin/retry-failed": {
-        "post": _admin_operation(
-            "retryFailedJobs", "Retry every failed job that matches",
-            {
-                "200": _json("How many were put back in the queue.", _ref("BulkRetried")),
-                "400": _error("An unknown, repeated or malformed query parameter."),
-            },
-            description=(
-                f"At most {BULK_RETRY_CAP} jobs per call, oldest first, in batches; `more` says to call "
-                "again. `since` = failed at or after."
+        "post": {
+            **_admin_operation(
+                "retryFailedJobs", "Retry every failed job that matches",
+                {
+                    "200": _json("How many were put back in the queue.", _ref("BulkRetried")),
+                    "400": _error("A body that is not a JSON object, an unknown field or query parameter, a "
+                                  "malformed value, or a filter given both in the query and the body."),
+                },
+                description=(
+                    f"The body `{{\"kind\", \"recipient\", \"since\"}}` (each optional; also accepted as query "
+                    f"parameters) filters which failed jobs are retried. At most {BULK_RETRY_CAP} jobs per call, "
+                    "oldest first, in batches; `more` says to call again. `since` = failed at or after."
+                ),
+                parameters=[_query("kind", _NAME), _query("recipient", _NAME),
+                            _query("since", _SINCE, "Failed at or after (ISO 8601 or an age).")],
             ),
-            parameters=[_query("kind", _NAME), _query("since", _SINCE, "Failed at or after (ISO 8601 or an age).")],
-        ),
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False,
+                "properties": {"kind": _nullable(_NAME), "recipient": _nullable(_NAME), "since": _nullable(_SINCE)},
+            }}}},
+        },
     },
     "/admin/jobs/{job_id}": {
         "get": _admin_by_id("getJob", "One job with its attempt log", "job",

@@ -8,6 +8,7 @@ end to end through the running service with a Telegram stub that answers 502 fir
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -79,6 +80,40 @@ async def test_bulk_retry_of_failed_jobs_counts_and_filters(app: RunningApp, db:
     for query in ("status=failed", "kind=", "since=soon", "limit=5"):
         bad = await app.client.post(f"/admin/retry-failed?{query}", headers=AUTH)
         assert bad.status_code == (200 if query == "kind=" else 400), (query, bad.text)
+
+
+async def test_bulk_retry_honours_its_json_body_and_refuses_unknown_fields(app: RunningApp, db: Any) -> None:
+    a1 = await insert_job(db, kind="a", status="failed", attempts=8, recipient="r1")
+    a2 = await insert_job(db, kind="a", status="failed", attempts=8, recipient="r2")
+    b1 = await insert_job(db, kind="b", status="failed", attempts=8, recipient="r1")
+    old = await insert_job(db, kind="a", status="failed", attempts=8, recipient="r1",
+                           finished_at="2020-01-01T00:00:00Z")
+
+    async def failed() -> set[int]:
+        return {r["id"] for r in await db.fetch_all("select id from jobs where status = 'failed'")}
+
+    # a kind nothing has: nothing is retried (the body used to be ignored: every failed job was)
+    nope = await app.client.post("/admin/retry-failed", json={"kind": "nope"}, headers=AUTH)
+    assert (nope.status_code, nope.json()["retried"]) == (200, 0), nope.text
+    assert await failed() == {a1, a2, b1, old}
+    for body in ({"colour": "red"}, {"kind": "a", "status": "failed"}, {"kind": 5}, {"since": "999999d"},
+                 {"recipient": "\ud800"}, ["kind", "a"], "kind=a", {"since": "whenever"}):
+        bad = await app.client.post("/admin/retry-failed", content=json.dumps(body).encode(), headers=AUTH)
+        assert bad.status_code == 400 and "\n" not in bad.json()["error"], (body, bad.text)
+    unknown = await app.client.post("/admin/retry-failed", json={"colour": "red"}, headers=AUTH)
+    assert "unknown field 'colour'" in unknown.json()["error"]
+    garbage = await app.client.post("/admin/retry-failed", content=b"{not json", headers=AUTH)
+    assert garbage.status_code == 400 and "JSON object" in garbage.json()["error"]
+    both = await app.client.post("/admin/retry-failed?kind=a", json={"kind": "a"}, headers=AUTH)
+    assert both.status_code == 400
+    assert await failed() == {a1, a2, b1, old}  # nothing was retried by a refused request
+    # kind and recipient and since, each narrowing
+    response = await app.client.post("/admin/retry-failed", json={"kind": "a", "recipient": "r1", "since": "1h"},
+                                     headers=AUTH)
+    assert response.status_code == 200 and response.json()["ids"] == [a1], response.text
+    response = await app.client.post("/admin/retry-failed", json={"recipient": "r1", "kind": None}, headers=AUTH)
+    assert sorted(response.json()["ids"]) == sorted([b1, old])
+    assert await failed() == {a2}
 
 
 async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:

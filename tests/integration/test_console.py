@@ -337,6 +337,24 @@ async def test_bulk_retry_confirms_with_a_count_then_says_what_it_did(app: Runni
         assert sorted(statuses.values()).count("failed") == 1
 
 
+async def test_bulk_retry_from_a_list_filtered_by_recipient_retries_only_that_recipient(
+    app: RunningApp, db: Any
+) -> None:
+    mine = [await insert_job(db, kind="k.a", status="failed", recipient="chat-1") for _ in range(2)]
+    other = await insert_job(db, kind="k.a", status="failed", recipient="chat-2")
+    async with logged_in(app) as (client, csrf):
+        listing = (await client.get("/ui/jobs?status=failed&recipient=chat-1")).text
+        assert 'href="/ui/retry-failed?recipient=chat-1"' in listing
+        confirm = (await client.get("/ui/retry-failed?recipient=chat-1")).text
+        assert "2 failed job(s) match (recipient chat-1)" in confirm
+        assert '<input type="hidden" name="recipient" value="chat-1">' in confirm
+        done = await client.post("/ui/retry-failed", data={"csrf": csrf, "kind": "", "recipient": "chat-1",
+                                                           "since": ""})
+        assert done.status_code == 200 and "Retried 2, skipped 0" in done.text
+    statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
+    assert statuses == {**dict.fromkeys(mine, "pending"), other: "failed"}
+
+
 async def test_pause_and_resume_from_the_overview(app: RunningApp, db: Any) -> None:
     await insert_job(db, kind="k.a", status="failed")
     async with logged_in(app) as (client, csrf):

@@ -17,7 +17,8 @@ and a button named after the action)::
     /ui/jobs/{id}        payload, attempt history, its event      POST .../retry, .../cancel
     /ui/events           filters source, since, until; keyset pages
     /ui/events/{id}      headers, body as JSON and raw, its jobs  POST .../replay
-    /ui/retry-failed     confirm page with a capped count         POST: retry them
+    /ui/retry-failed     filters kind, recipient, since (failed at or after): confirm page
+                         with a capped count                      POST: retry them
     /ui/kinds/pause, /ui/kinds/resume                             POST (field kind)
 
 Without a valid session every page and action redirects to ``/ui/login``. With

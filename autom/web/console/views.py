@@ -54,7 +54,7 @@ JOB_FILTERS: dict[str, p.Parser] = {
 }
 JOB_PAGE = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_PAGE)}
 EVENT_PAGE = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_PAGE)}
-RETRY_FILTER = {"kind": p.text, "since": p.when}
+RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when}
 #: what a redirect after an action may tell the page it lands on (never free text)
 NOTICES = {
     "retried": "Put back in the queue: it runs as soon as a worker is free.",
@@ -366,20 +366,23 @@ class Console:
         """``GET /ui/retry-failed?kind=&since=``: how many would be retried, and the button."""
         try:
             q = p.parse_query(request.args.items(multi=True), RETRY_FILTER)
-            count = await self._call(self._ops.count_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP))
+            count = await self._call(self._ops.count_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP,
+                                                            recipient=q["recipient"]))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
         return await self._render("retry_failed.html", count=count, kind=request.args.get("kind", ""),
-                                  since=request.args.get("since", ""), result=None, cap=BULK_RETRY_CAP)
+                                  recipient=request.args.get("recipient", ""), since=request.args.get("since", ""),
+                                  result=None, cap=BULK_RETRY_CAP)
 
     async def retry_failed(self) -> Response | str:
         """``POST /ui/retry-failed`` (fields kind, since): retry them in batches; say how many."""
         form = await request.form
         try:
             q = p.parse_query(((k, v) for k, v in form.items(multi=True) if k != "csrf"), RETRY_FILTER)
-            result = await self._call(self._ops.retry_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP))
+            result = await self._call(self._ops.retry_failed(q["kind"], q["since"], recipient=q["recipient"],
+                                                             cap=BULK_RETRY_CAP))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
@@ -388,7 +391,8 @@ class Console:
             self._deps.doorbell.set()
         log.info("console: retried %d failed job(s), skipped %d", len(result.retried), result.skipped)
         return await self._render("retry_failed.html", count=None, kind=form.get("kind", ""),
-                                  since=form.get("since", ""), result=result, cap=BULK_RETRY_CAP)
+                                  recipient=form.get("recipient", ""), since=form.get("since", ""), result=result,
+                                  cap=BULK_RETRY_CAP)
 
     async def pause(self) -> Response | str:
         """``POST /ui/kinds/pause`` (field kind)."""
@@ -498,14 +502,16 @@ def _query_string(args: Any, **changes: str | None) -> str:
 
 
 def _retry_all_link(q: Mapping[str, Any]) -> str | None:
-    """The bulk-retry confirm page for this list's kind, when it lists failed jobs.
+    """The bulk-retry confirm page for this list's kind and recipient, when it lists failed jobs.
 
-    Only the kind goes along: the confirm page's own "failed since" is about when
-    jobs failed, not when they were created (this list's since), and it says so.
+    The kind and recipient go along; not the time range: the confirm page's own "failed
+    since" is about when jobs failed, not when they were created (this list's since), and
+    it says so.
     """
     if q["status"] != "failed":
         return None
-    return "/ui/retry-failed" + (f"?{urlencode({'kind': q['kind']})}" if q["kind"] else "")
+    kept = {name: q[name] for name in ("kind", "recipient") if q[name]}
+    return "/ui/retry-failed" + (f"?{urlencode(kept)}" if kept else "")
 
 
 def _redirect(location: str, status: int) -> Response:
