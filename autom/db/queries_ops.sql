@@ -247,3 +247,18 @@ delete from autom_once where key in (
 delete from intake_commits where token in (
     select token from intake_commits where at < now() - interval '1 hour' limit %(batch)s
 );
+
+-- name: console_session_ended
+-- Whether the console session of this nonce was logged out (a row of console_end_session).
+select exists (select 1 from service_state where name = %(name)s);
+
+-- name: console_end_session
+-- A logged-out console session, kept until its cookie would have expired anyway (every
+-- replica refuses it meanwhile); the rows of sessions past that go at the same time.
+with expired as (
+    delete from service_state
+    where name like 'console session ended %%' and (value->>'until')::timestamptz < now()
+)
+insert into service_state (name, value, updated_at)
+values (%(name)s, jsonb_build_object('until', %(until)s::timestamptz), now())
+on conflict (name) do nothing;

@@ -141,12 +141,31 @@ async def test_behind_a_trusted_proxy_failed_logins_count_per_forwarded_client(d
         assert (await login(app.client, **{"X-Forwarded-For": "198.51.100.2"})).status_code == 303
 
 
-async def test_logout_ends_the_session_in_the_browser(app: RunningApp) -> None:
+async def test_logout_ends_the_session_on_the_server_a_replayed_cookie_is_no_session(
+    app: RunningApp, db: Any
+) -> None:
+    await db.execute("insert into service_state (name, value) values ('console session ended old', "
+                     "'{\"until\": \"2020-01-01T00:00:00Z\"}')")
     async with logged_in(app) as (client, csrf):
+        cookie = client.cookies[COOKIE]
         response = await client.post("/ui/logout", data={"csrf": csrf})
+        # one row per logged-out session, until its cookie would have expired: older ones go
+        names = [r["name"] for r in await db.fetch_all("select name from service_state where name like 'console%'")]
+        assert names == [f"console session ended {cookie.split('.')[2]}"]
         assert (response.status_code, response.headers["location"]) == (303, "/ui/login")
         assert 'Max-Age=0' in response.headers["set-cookie"] or "expires" in response.headers["set-cookie"].lower()
         assert (await client.get("/ui/")).status_code == 302
+    # the same cookie, replayed (copied before the logout): no session, on this replica or any other
+    async with httpx.AsyncClient(base_url=app.url, cookies={COOKIE: cookie}) as replay:
+        page = await replay.get("/ui/jobs")
+        assert (page.status_code, page.headers["location"]) == (302, "/ui/login?next=%2Fui%2Fjobs")
+        action = await replay.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "k.a"})
+        assert (action.status_code, action.headers["location"]) == (303, "/ui/login")
+        form = await replay.get("/ui/login")  # the form, not a redirect back to /ui/ (a loop)
+        assert form.status_code == 200 and 'name="token"' in form.text
+    # another session is untouched, and logging in again works
+    async with logged_in(app) as (client, _):
+        assert (await client.get("/ui/jobs")).status_code == 200
 
 
 async def test_a_post_without_the_csrf_token_or_from_another_site_is_403(app: RunningApp, db: Any) -> None:

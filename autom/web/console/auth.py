@@ -2,10 +2,11 @@
 
 **Session.** Logging in with ADMIN_TOKEN sets a cookie ``v1.<issued>.<nonce>.<mac>``:
 when it was issued (unix seconds), a random nonce, and an HMAC-SHA256 of both under
-a key derived from ADMIN_TOKEN. Nothing is stored on the server, so every replica
-accepts it; changing ADMIN_TOKEN ends every session at once. It is valid for
-CONSOLE_SESSION_HOURS after it was issued (not renewed by use: a stolen cookie
-dies on time). The token itself is never in the cookie, a URL or a log.
+a key derived from ADMIN_TOKEN, so every replica can check it; changing ADMIN_TOKEN
+ends every session at once. It is valid for CONSOLE_SESSION_HOURS after it was
+issued (not renewed by use: a stolen cookie dies on time). Logging out records the
+nonce in the database (views.py), and every replica refuses the cookie from then
+on. The token itself is never in the cookie, a URL or a log.
 
 **CSRF.** Every form carries a token derived from the session (an HMAC of its nonce
 under its own key), so it never goes stale across tabs and needs no storage; a
@@ -26,6 +27,8 @@ from urllib.parse import urlsplit
 
 COOKIE = "autom_console"
 _VERSION = "v1"
+#: the clock skew between replicas a session's times allow for
+SKEW_SECONDS = 60
 
 
 def _key(token: str, purpose: str) -> bytes:
@@ -70,7 +73,7 @@ class Sessions:
         if not hmac.compare_digest(self._mac(payload), parts[3]):
             return None
         issued = int(parts[1])
-        if not issued - 60 <= now < issued + self.lifetime:  # a minute of clock skew between replicas
+        if not issued - SKEW_SECONDS <= now < issued + self.lifetime:
             return None
         return Session(issued=issued, nonce=parts[2])
 

@@ -15,12 +15,13 @@ from markupsafe import Markup
 from quart import Blueprint, Response, g, request
 
 from autom.admission import retry_after
+from autom.db.queries import Q
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
 from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline, visible
 from autom.web import params as p
 from autom.web.console import present
-from autom.web.console.auth import COOKIE, Session, Sessions, cross_site
+from autom.web.console.auth import COOKIE, SKEW_SECONDS, Session, Sessions, cross_site
 from autom.web.lockout import Lockout
 from autom.web.params import BadParameter
 
@@ -153,7 +154,10 @@ class Console:
             return await self._error(403, "Refused: this form was sent from another site.")
         if endpoint in ("login", "login_post"):
             return None
-        session = self._session()
+        try:
+            session = await self._live_session()
+        except (DatabaseUnavailable, QueryError) as exc:
+            return await self._error(503, _db_message(exc))
         if session is None:
             target = request.full_path.rstrip("?") if request.method == "GET" else ""
             query = f"?{urlencode({'next': target})}" if _safe_next(target) else ""
@@ -185,7 +189,11 @@ class Console:
     async def login_page(self) -> Response | str:
         """``GET /ui/login``: the form (a valid session goes straight on)."""
         nxt = request.args.get("next", "")
-        if self._session() is not None:
+        try:
+            live = await self._live_session()
+        except (DatabaseUnavailable, QueryError):
+            live = None  # the form, then; logging in says what is wrong
+        if live is not None:
             return _redirect(nxt if _safe_next(nxt) else "/ui/", 302)
         return await self._render("login.html", next=nxt if _safe_next(nxt) else "", error=None,
                                   disabled=self._sessions is None)
@@ -219,7 +227,17 @@ class Console:
         return response
 
     async def logout(self) -> Response:
-        """``POST /ui/logout``: forget the cookie."""
+        """``POST /ui/logout``: the session ends on the server (its cookie, replayed, is no session), and
+        the browser forgets the cookie."""
+        session: Session = g.console_session
+        assert self._sessions is not None
+        try:
+            await self._deps.db.execute(Q.console_end_session, {
+                "name": _ended(session), "until": datetime.fromtimestamp(session.issued + self._sessions.lifetime
+                                                                         + SKEW_SECONDS, UTC)})
+        except (DatabaseUnavailable, QueryError) as exc:
+            return await self._error(503, f"Not logged out: {_db_message(exc)}")
+        log.info("console: logout")
         response = _redirect("/ui/login", 303)
         response.delete_cookie(COOKIE, path="/ui/", secure=_https(), httponly=True, samesite="Strict")
         return response
@@ -421,10 +439,17 @@ class Console:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _session(self) -> Session | None:
+    async def _live_session(self) -> Session | None:
+        """The request's session: its cookie authentic and unexpired, and not logged out (one look-up).
+
+        Raises ``DatabaseUnavailable`` or ``QueryError`` when the database cannot say.
+        """
         if self._sessions is None:
             return None
-        return self._sessions.check(request.cookies.get(COOKIE), self._clock())
+        session = self._sessions.check(request.cookies.get(COOKIE), self._clock())
+        if session is None or await self._deps.db.fetch_val(Q.console_session_ended, {"name": _ended(session)}):
+            return None
+        return session
 
     async def _call(self, op: Awaitable[T]) -> T:
         """``await op`` with autom's errors turned into ``PageError`` (404, 409, 503)."""
@@ -459,6 +484,11 @@ async def error_page(status: int, message: str) -> Response:
     """An HTML error answer for a ``/ui/`` path no console route serves (404, 405), with the security headers."""
     body = render("message.html", csrf="", logged_in=False, code=status, message=message)
     return Response(body, status=status, content_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
+
+
+def _ended(session: Session) -> str:
+    """The ``service_state`` row that says ``session`` was logged out."""
+    return f"console session ended {session.nonce}"
 
 
 def _ident(raw: str, what: str) -> int:
