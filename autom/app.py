@@ -154,21 +154,23 @@ class Router:
         *,
         every_minutes: int | None = None,
         daily_at: str | None = None,
+        cron: str | None = None,
         payload: Mapping[str, Any] | None = None,
     ) -> Schedule:
-        """Enqueue ``kind`` every ``every_minutes`` (UTC slots) or daily at ``daily_at`` ("HH:MM", TZ).
+        """Enqueue ``kind`` every ``every_minutes`` (UTC slots), daily at ``daily_at`` ("HH:MM", TZ)
+        or at each fire time of ``cron`` (five fields, "*/5 * * * *", in TZ).
 
         The job's payload is ``payload`` plus ``"slot"`` (the slot's key). Its handler
         may be registered before or after; a schedule whose kind has none fails at start.
         """
         _check_kind(kind)
         try:
-            spec = Schedule(kind, every_minutes=every_minutes, daily_at=daily_at, payload=dict(payload or {}))
+            spec = Schedule(kind, every_minutes=every_minutes, daily_at=daily_at, cron=cron,
+                            payload=dict(payload or {}))
         except ValueError as exc:
             raise AppError(str(exc)) from None
-        if any(s.kind == kind and s.every_minutes == every_minutes and s.daily_at == daily_at
-               for s in self._schedules):
-            raise AppError(f"schedule {kind!r} ({every_minutes or daily_at}) is registered twice")
+        if any(s.kind == kind and s.describe() == spec.describe() for s in self._schedules):
+            raise AppError(f"schedule {kind!r} ({spec.describe()}) is registered twice")
         self._schedules.append(spec)
         return spec
 
@@ -182,7 +184,7 @@ class Router:
             self.source(source)
         for schedule in router._schedules:
             self.schedule(schedule.kind, every_minutes=schedule.every_minutes, daily_at=schedule.daily_at,
-                          payload=schedule.payload)
+                          cron=schedule.cron, payload=schedule.payload)
 
     def _add_handler(self, spec: HandlerSpec) -> None:
         if spec.kind in self._handlers:
@@ -278,8 +280,7 @@ class Registry:
         """One log line: the registered kinds, sources and schedules."""
         kinds = ", ".join(sorted(self.handlers)) or "-"
         sources = ", ".join(sorted(self.sources)) or "-"
-        schedules = ", ".join(f"{s.kind} ({f'every {s.every_minutes} min' if s.every_minutes else s.daily_at})"
-                              for s in self.schedules) or "-"
+        schedules = ", ".join(f"{s.kind} ({s.describe()})" for s in self.schedules) or "-"
         return f"handlers: {kinds}; sources: {sources}; schedules: {schedules}"
 
 

@@ -1,26 +1,12 @@
 """Schedule specs and their slots: which run of a recurring job is due at a given moment.
 
-This module is the pure part of the schedule (time is passed in). The ticker
-calls ``slot(spec, now, tz)`` every 30 s and enqueues ``job_key(spec, slot)``
-with that key; the job's unique key makes the enqueue idempotent, so replicas
-and restarts never run a slot twice, and a slot missed while the service was
-down still runs when it comes back within the same period (the current slot is
-simply due "now").
-
-Two kinds of spec (README, "Schedule"):
-
-* ``every_minutes=n``: slots on UTC boundaries. A slot starts at
-  ``floor(epoch_minutes / n) * n`` and its key is its start, ``2026-11-29T14:00Z``.
-  For ``n`` dividing 1440 (1, 5, 15, 30, 60, 90, 120, ..., 1440) that lands on the
-  same clock times every UTC day (90 → 00:00, 01:30, 03:00, ...). Any other ``n``
-  (7, 100, 2880) is allowed and still gives evenly spaced slots exactly ``n``
-  minutes apart, aligned to the Unix epoch, so their clock times drift from one
-  day to the next.
-* ``daily_at="HH:MM"``: once per local date in ``tz``, due once the local time
-  reaches HH:MM; the key is the local date, ``2026-11-29``. On a spring-forward
-  day when HH:MM does not exist it is due at the next minute that does (02:30 in
-  Europe/Berlin on 2026-03-29 → 03:00); on a fall-back day when HH:MM occurs twice
-  it is due from the first occurrence, and the key (the date) makes it run once.
+Pure: time is passed in. The ticker calls ``slot(spec, now, tz)`` every 30 s and
+enqueues the slot's job with the key ``job_key(spec, slot)``; the unique key makes
+that idempotent across replicas and restarts, and a slot missed while the service
+was down is still due when it comes back within the same period. Three kinds of
+spec: ``every_minutes`` (UTC boundaries, key ``2026-11-29T14:00Z``), ``daily_at``
+(once per local date in TZ, key ``2026-11-29``) and ``cron`` (five fields in TZ,
+read by cronsim; key the fire time in UTC, ``2026-11-29T14:05Z``). README, "Schedule".
 """
 
 from __future__ import annotations
@@ -33,7 +19,13 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cronsim import CronSim, CronSimError
+
 _HH_MM = re.compile(r"(\d{2}):(\d{2})")
+
+# How far a clock may go back (cron's own threshold): a fire time this far after now's wall
+# time may still lie before now, in the first pass of a repeated hour.
+_MAX_FOLD = timedelta(hours=3)
 
 # Longest run of local minutes that may not exist (a DST gap is an hour, Lord Howe half an
 # hour, Samoa's 2011 date-line jump a whole day). Bounds the search for the next minute.
@@ -42,15 +34,17 @@ _MAX_GAP = timedelta(hours=48)
 
 @dataclass(frozen=True)
 class Schedule:
-    """A recurring job: ``kind`` with ``payload``, either every N minutes or daily at HH:MM (local).
+    """A recurring job: ``kind`` with ``payload``, every N minutes, daily at HH:MM or by a cron expression.
 
-    Exactly one of ``every_minutes`` (an integer ≥ 1) and ``daily_at`` ("HH:MM",
-    00:00–23:59) must be given; anything else raises ``ValueError``.
+    Exactly one of ``every_minutes`` (an integer ≥ 1), ``daily_at`` ("HH:MM",
+    00:00–23:59) and ``cron`` (five fields, "*/5 * * * *") must be given; anything
+    else raises ``ValueError``.
     """
 
     kind: str
     every_minutes: int | None = None
     daily_at: str | None = None
+    cron: str | None = None
     payload: dict[str, Any] = field(default_factory=dict, hash=False)
     #: stored in the slot's job (None: 8); the App sets it from the kind's handler
     max_attempts: int | None = None
@@ -58,8 +52,8 @@ class Schedule:
     def __post_init__(self) -> None:
         if not self.kind:
             raise ValueError("a schedule needs a kind")
-        if (self.every_minutes is None) == (self.daily_at is None):
-            raise ValueError(f"schedule {self.kind!r}: give exactly one of every_minutes and daily_at")
+        if [self.every_minutes, self.daily_at, self.cron].count(None) != 2:
+            raise ValueError(f"schedule {self.kind!r}: give exactly one of every_minutes, daily_at and cron")
         if self.every_minutes is not None:
             # bool is an int subclass: every_minutes=True is a mistake, not "every minute"
             if not isinstance(self.every_minutes, int) or isinstance(self.every_minutes, bool):
@@ -68,6 +62,16 @@ class Schedule:
                 raise ValueError(f"schedule {self.kind!r}: every_minutes must be at least 1")
         if self.daily_at is not None:
             _parse_hh_mm(self.kind, self.daily_at)
+        if self.cron is not None:
+            _check_cron(self.kind, self.cron)
+
+    def describe(self) -> str:
+        """The spec for people: ``every 15 min``, ``daily at 09:00``, ``cron */5 * * * *``."""
+        if self.every_minutes is not None:
+            return f"every {self.every_minutes} min"
+        if self.daily_at is not None:
+            return f"daily at {self.daily_at}"
+        return f"cron {self.cron}"
 
 
 #: The schedules autom runs when nothing else is configured (README, Schedule: heartbeat hourly).
@@ -81,14 +85,17 @@ def slot(spec: Schedule, now: datetime, tz: tzinfo | None) -> str | None:
     """The key of the slot due at ``now`` (timezone-aware), or None if nothing is due yet.
 
     Interval specs always have a current slot. A daily spec has none before its time on
-    the current local date (yesterday's slot has had its day). ``tz`` is the zone of
-    ``daily_at`` (None: the process's zone, from TZ or /etc/localtime, else UTC); interval
-    specs ignore it.
+    the current local date (yesterday's slot has had its day). A cron spec's slot is its
+    latest fire time at or before ``now``. ``tz`` is the zone of ``daily_at`` and ``cron``
+    (None: the process's zone, from TZ or /etc/localtime, else UTC); interval specs ignore it.
     """
     _require_aware(now)
     if spec.every_minutes is not None:
-        return _interval_start(spec.every_minutes, now).strftime("%Y-%m-%dT%H:%MZ")
+        return _utc_minute(_interval_start(spec.every_minutes, now))
     zone = _zone(tz)
+    if spec.cron is not None:
+        fired = _cron_latest(spec, now, zone)
+        return None if fired is None else _utc_minute(fired)
     today = now.astimezone(zone).date()
     if now >= _daily_due(spec, today, zone):
         return today.isoformat()
@@ -118,9 +125,82 @@ def next_due(spec: Schedule, now: datetime, tz: tzinfo | None) -> datetime:
     if spec.every_minutes is not None:
         return _interval_start(spec.every_minutes, now) + timedelta(minutes=spec.every_minutes)
     zone = _zone(tz)
+    if spec.cron is not None:
+        return _cron_next(spec, now, zone)
     today = now.astimezone(zone).date()
     candidates = (_daily_due(spec, today + timedelta(days=d), zone) for d in range(-1, 3))
     return min(due for due in candidates if due > now)
+
+
+def _utc_minute(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _check_cron(kind: str, expr: str) -> None:
+    if not isinstance(expr, str) or len(expr.split()) != 5:
+        raise ValueError(f"schedule {kind!r}: cron must have five fields (minute hour day month weekday), "
+                         f"got {expr!r}")
+    try:
+        CronSim(expr, datetime(2000, 1, 1))
+    except CronSimError as exc:
+        raise ValueError(f"schedule {kind!r}: cron {expr!r}: {exc}") from None
+
+
+def _cron_fixed_time(expr: str) -> bool:
+    """Whether ``expr`` fires at set times of day (neither minute nor hour starts with ``*``):
+    as in Debian's cron, such a time that occurs twice when clocks go back fires once."""
+    minute, hour = expr.split()[:2]
+    return not minute.startswith("*") and not hour.startswith("*")
+
+
+def _cron_instants(spec: Schedule, wall: datetime, zone: tzinfo) -> list[datetime]:
+    """The instants (UTC) at which local wall time ``wall`` fires ``spec``: one, or two inside a
+    repeated hour for an expression with ``*`` in its minute or hour; a wall time inside a gap
+    fires at the next minute that exists."""
+    assert spec.cron is not None
+    first = _existing(wall, zone)
+    if first is None:
+        raise ValueError(f"schedule {spec.kind!r}: no existing local time near {wall}")
+    if first.replace(tzinfo=None) != wall or _cron_fixed_time(spec.cron):
+        return [first.astimezone(UTC)]
+    second = wall.replace(tzinfo=zone, fold=1)
+    return sorted({first.astimezone(UTC), second.astimezone(UTC)})
+
+
+def _cron_latest(spec: Schedule, now: datetime, zone: tzinfo) -> datetime | None:
+    """The latest instant (UTC) at or before ``now`` at which ``spec.cron`` fires in ``zone``.
+
+    cronsim walks naive local wall times (no zone: no DST handling of its own); this maps
+    them to instants. In the second pass of a repeated hour a wall time later than now's
+    may have fired before now (in the first pass), so the walk starts up to 3 h later.
+    """
+    assert spec.cron is not None
+    local = now.astimezone(zone)
+    wall = local.replace(tzinfo=None, microsecond=0)
+    best: datetime | None = None
+    # cronsim's reverse walk returns times strictly before its start: start a second later
+    for candidate in CronSim(spec.cron, wall + _MAX_FOLD + timedelta(seconds=1), reverse=True):
+        for instant in _cron_instants(spec, candidate, zone):
+            if instant <= now and (best is None or instant > best):
+                best = instant
+        if candidate <= wall:
+            # an earlier wall time has no instant at or before now later than this one's
+            return best
+    return best
+
+
+def _cron_next(spec: Schedule, now: datetime, zone: tzinfo) -> datetime:
+    """The first instant (UTC) after ``now`` at which ``spec.cron`` fires in ``zone``."""
+    assert spec.cron is not None
+    wall = now.astimezone(zone).replace(tzinfo=None, microsecond=0)
+    best: datetime | None = None
+    for candidate in CronSim(spec.cron, wall - _MAX_FOLD - timedelta(minutes=1)):
+        for instant in _cron_instants(spec, candidate, zone):
+            if instant > now and (best is None or instant < best):
+                best = instant
+        if best is not None and candidate > wall + _MAX_FOLD:
+            return best
+    raise ValueError(f"schedule {spec.kind!r}: cron {spec.cron!r} never fires after {now}")
 
 
 def _interval_start(every_minutes: int, now: datetime) -> datetime:
@@ -134,16 +214,23 @@ def _daily_due(spec: Schedule, day: date, zone: tzinfo) -> datetime:
     """The instant (UTC) at which ``spec``'s slot for local date ``day`` becomes due."""
     assert spec.daily_at is not None
     hour, minute = _parse_hh_mm(spec.kind, spec.daily_at)
-    wall = datetime.combine(day, time(hour, minute))
+    instant = _existing(datetime.combine(day, time(hour, minute)), zone)
+    if instant is None:
+        raise ValueError(f"schedule {spec.kind!r}: no existing local time near {day} {spec.daily_at}")
+    return instant.astimezone(UTC)
+
+
+def _existing(wall: datetime, zone: tzinfo) -> datetime | None:
+    """The first existing local minute at or after naive ``wall`` in ``zone`` (aware, fold=0:
+    the first of two occurrences), or None if none within two days."""
     limit = wall + _MAX_GAP
     while wall < limit:
         instant = wall.replace(tzinfo=zone, fold=0)
-        # a wall time exists iff it survives the round trip through UTC; fold=0 picks the
-        # first of two occurrences on a fall-back day
+        # a wall time exists iff it survives the round trip through UTC
         if instant.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == wall:
-            return instant.astimezone(UTC)
+            return instant
         wall += timedelta(minutes=1)
-    raise ValueError(f"schedule {spec.kind!r}: no existing local time near {day} {spec.daily_at}")
+    return None
 
 
 def _parse_hh_mm(kind: str, value: str) -> tuple[int, int]:

@@ -229,6 +229,11 @@ def test_registration_mistakes_fail_at_registration_or_start() -> None:
         app.validate()
     with pytest.raises(AppError, match="daily_at"):
         app.schedule("shop.digest", daily_at="9 am")
+    app.schedule("shop.digest", cron="*/5 * * * *")
+    with pytest.raises(AppError, match=r"\(cron \*/5 \* \* \* \*\) is registered twice"):
+        app.schedule("shop.digest", cron="*/5 * * * *")
+    with pytest.raises(AppError, match="five fields"):
+        app.schedule("shop.digest", cron="*/5 * * *")
 
 
 def http_app(url: str) -> App:
