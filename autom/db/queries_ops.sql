@@ -137,8 +137,11 @@ select r.kind from r, (select count(*) from wake) w;
 select kind, paused_at from paused_kinds order by kind;
 
 -- name: ops_statement_timeout
--- For the rest of the current transaction only (the console's bounded reads).
-select set_config('statement_timeout', %(ms)s, true);
+-- For the rest of the current transaction only (the console's bounded reads). A lock
+-- wait gives up a little earlier (lock_timeout, SQLSTATE 55P03), so a table locked by
+-- someone else is told apart from a query that reads too much (57014).
+select set_config('statement_timeout', %(ms)s, true),
+       set_config('lock_timeout', greatest(1, %(ms)s::int * 9 / 10)::text, true);
 
 -- name: ops_overview_counts
 -- Jobs by kind and status for the console's overview, each count capped at %(cap)s

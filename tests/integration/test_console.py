@@ -188,7 +188,7 @@ async def test_a_post_without_the_csrf_token_or_from_another_site_is_403(app: Ru
         # the same origin passes (the browser's own headers)
         same = await client.post(f"/ui/jobs/{job}/cancel", data={"csrf": csrf},
                                  headers={"Sec-Fetch-Site": "same-origin", "Origin": app.url})
-        assert (same.status_code, same.headers["location"]) == (303, f"/ui/jobs/{job}?notice=cancelled")
+        assert same.status_code == 303 and same.headers["location"].startswith(f"/ui/jobs/{job}?notice=cancelled&seal=")
 
 
 async def test_every_answer_carries_a_csp_without_scripts(app: RunningApp, db: Any) -> None:
@@ -341,6 +341,46 @@ async def test_event_page_replay_and_events_list(app: RunningApp, db: Any) -> No
         assert f'href="/ui/events/{event}"' in listing
 
 
+async def test_a_crafted_link_shows_no_notice_of_an_action_that_did_not_happen(app: RunningApp, db: Any) -> None:
+    job, event = await seeded(app, db)
+    async with logged_in(app) as (client, csrf):
+        # links anyone could send: nothing was replayed, retried or paused
+        for path, claim in ((f"/ui/events/{event}?created={job}", "Replayed"),
+                            (f"/ui/events/{event}?created=none", "Replayed"),
+                            (f"/ui/events/{event}?created={job}&seal=" + "0" * 32, "Replayed"),
+                            (f"/ui/jobs/{job}?notice=retried", "Put back in the queue"),
+                            ("/ui/?notice=paused", "Paused: its jobs stay pending")):
+            page = await client.get(path)
+            assert page.status_code == 200 and claim not in page.text, path
+        # the real thing says so, once, on this session's page
+        replayed = await client.post(f"/ui/events/{event}/replay", data={"csrf": csrf})
+        location = replayed.headers["location"]
+        assert "Replayed: created job(s)" in (await client.get(location)).text
+        # ... and a link sealed for one session shows nothing in another
+        async with logged_in(app) as (other, _):
+            assert "Replayed" not in (await other.get(location)).text
+            # nor for another page
+            elsewhere = location.replace(f"/ui/events/{event}?", f"/ui/events/{event + 1}?")
+            assert "Replayed" not in (await client.get(elsewhere)).text
+
+
+async def test_a_locked_table_is_said_as_such_not_narrow_the_filter(app: RunningApp, db: Any) -> None:
+    from autom.web.console import views
+
+    async with logged_in(app) as (client, _):
+        original = views.QUERY_SECONDS
+        views.QUERY_SECONDS = 0.5
+        try:
+            async with db.transaction() as tx:  # as a migration or VACUUM FULL holds it
+                await tx.execute("lock table jobs in access exclusive mode")
+                response = await client.get("/ui/jobs?status=failed")
+        finally:
+            views.QUERY_SECONDS = original
+        assert response.status_code == 503
+        assert "locked by another transaction" in response.text and "narrow the filter" not in response.text
+        assert (await client.get("/ui/jobs?status=failed")).status_code == 200
+
+
 async def test_bulk_retry_confirms_with_a_count_then_says_what_it_did(app: RunningApp, db: Any) -> None:
     failed = [await insert_job(db, kind="k.a", status="failed", attempts=8) for _ in range(3)]
     await insert_job(db, kind="k.b", status="failed", attempts=8)
@@ -378,8 +418,8 @@ async def test_pause_and_resume_from_the_overview(app: RunningApp, db: Any) -> N
     await insert_job(db, kind="k.a", status="failed")
     async with logged_in(app) as (client, csrf):
         response = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "k.a"})
-        assert (response.status_code, response.headers["location"]) == (303, "/ui/?notice=paused")
-        page = (await client.get("/ui/?notice=paused")).text
+        assert response.status_code == 303 and response.headers["location"].startswith("/ui/?notice=paused&seal=")
+        page = (await client.get(response.headers["location"])).text
         assert "Paused: its jobs stay pending" in page and ">Resume</button>" in page
         assert 'class="badge">paused' in page
         assert (await client.post("/ui/kinds/resume", data={"csrf": csrf, "kind": "k.a"})).status_code == 303

@@ -8,6 +8,10 @@ issued (not renewed by use: a stolen cookie dies on time). Logging out records t
 nonce in the database (views.py), and every replica refuses the cookie from then
 on. The token itself is never in the cookie, a URL or a log.
 
+**Notices.** What a redirect after an action tells the page it lands on ("Replayed:
+created job(s) 7", "Put back in the queue") carries a seal of the session
+(``seal``): a crafted link, or one from another session, shows no notice.
+
 **CSRF.** Every form carries a token derived from the session (an HMAC of its nonce
 under its own key), so it never goes stale across tabs and needs no storage; a
 POST without the right one is 403. Cross-site POSTs are refused earlier by
@@ -50,6 +54,7 @@ class Sessions:
     def __init__(self, admin_token: str, lifetime_seconds: float) -> None:
         self._session_key = _key(admin_token, "session")
         self._csrf_key = _key(admin_token, "csrf")
+        self._notice_key = _key(admin_token, "notice")
         self._token_digest = hashlib.sha256(admin_token.encode("utf-8")).digest()
         self.lifetime = lifetime_seconds
 
@@ -76,6 +81,14 @@ class Sessions:
         if not issued - SKEW_SECONDS <= now < issued + self.lifetime:
             return None
         return Session(issued=issued, nonce=parts[2])
+
+    def seal(self, session: Session, text: str) -> str:
+        """A seal of ``text`` for ``session``: what a redirect after an action tells its page (``unsealed``)."""
+        return hmac.new(self._notice_key, f"{session.nonce} {text}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def unsealed(self, session: Session, text: str, seal: str | None) -> bool:
+        """Whether ``seal`` is ``session``'s seal of ``text`` (a crafted or another session's link is not)."""
+        return bool(seal) and hmac.compare_digest(self.seal(session, text), str(seal))
 
     def csrf_token(self, session: Session) -> str:
         """The CSRF token of ``session`` (the same for all its forms and tabs)."""

@@ -247,7 +247,8 @@ class Console:
     async def overview(self) -> Response | str:
         """``GET /ui/``: the queue at a glance; every part that timed out shows "—"."""
         try:
-            q = p.parse_query(request.args.items(multi=True), {"refresh": p.limit(3600), "notice": p.text})
+            q = p.parse_query(request.args.items(multi=True),
+                              {"refresh": p.limit(3600), "notice": p.text, "seal": p.text})
         except BadParameter as exc:
             return await self._error(400, str(exc))
         refresh = q["refresh"] if q["refresh"] in REFRESH else None
@@ -266,7 +267,7 @@ class Console:
             refresh=refresh, refresh_choices=REFRESH,
             lag=present.age(health["queue_lag_seconds"]) if health else "—",
             heartbeat_age=present.age((now - beat).total_seconds()) if beat else None,
-            notice=NOTICES.get(q["notice"] or ""), updated=now,
+            notice=NOTICES.get(self._told("notice", q["notice"], q["seal"]) or ""), updated=now,
         )
 
     async def jobs(self) -> Response | str:
@@ -296,7 +297,7 @@ class Console:
     async def job(self, job_id: str) -> Response | str:
         """``GET /ui/jobs/{id}``: everything about one job, with Retry / Cancel where allowed."""
         try:
-            q = p.parse_query(request.args.items(multi=True), {"notice": p.text})
+            q = p.parse_query(request.args.items(multi=True), {"notice": p.text, "seal": p.text})
             job = await self._call(self._ops.get_job(_ident(job_id, "job")))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
@@ -304,7 +305,8 @@ class Console:
             return await self._error(400, str(exc))
         return await self._render(
             "job.html", job=job, payload=present.pretty_json(job.get("payload")),
-            headline=error_headline(job.get("last_error")), notice=NOTICES.get(q["notice"] or ""),
+            headline=error_headline(job.get("last_error")),
+            notice=NOTICES.get(self._told("notice", q["notice"], q["seal"]) or ""),
             can_retry=job["status"] in ("failed", "cancelled", "pending"), can_cancel=job["status"] == "pending",
         )
 
@@ -317,7 +319,7 @@ class Console:
             return await self._error(exc.status, str(exc))
         self._deps.doorbell.set()
         log.info("console: job %d put back in the queue", ident, extra={"job_id": ident})
-        return _redirect(f"/ui/jobs/{ident}?notice=retried", 303)
+        return _redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "retried"), 303)
 
     async def cancel(self, job_id: str) -> Response | str:
         """``POST /ui/jobs/{id}/cancel``: cancelled; then the job's page."""
@@ -328,7 +330,7 @@ class Console:
             return await self._error(exc.status, str(exc))
         self._deps.doorbell.set()
         log.info("console: job %d cancelled", ident, extra={"job_id": ident})
-        return _redirect(f"/ui/jobs/{ident}?notice=cancelled", 303)
+        return _redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "cancelled"), 303)
 
     async def events(self) -> Response | str:
         """``GET /ui/events``: by source and time, newest first, keyset pages."""
@@ -352,18 +354,20 @@ class Console:
     async def event(self, event_id: str) -> Response | str:
         """``GET /ui/events/{id}``: headers, body (JSON and raw), its jobs, Replay."""
         try:
-            q = p.parse_query(request.args.items(multi=True), {"created": p.text})
+            q = p.parse_query(request.args.items(multi=True), {"created": p.text, "seal": p.text})
             event = await self._call(self._ops.get_event(_ident(event_id, "event")))
             jobs = await self._call(self._ops.event_jobs(event["job_ids"]))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
         except BadParameter as exc:
             return await self._error(400, str(exc))
-        created = [int(x) for x in (q["created"] or "").split(",") if x.isascii() and x.isdigit()][:100]
+        # shown only after a replay of this session's (a crafted link shows nothing: it was not replayed)
+        told = self._told("created", q["created"], q["seal"])
+        created = [int(x) for x in (told or "").split(",") if x.isascii() and x.isdigit()][:100]
         for job in jobs:
             job["headline"] = error_headline(job.get("last_error"))
         return await self._render(
-            "event.html", event=event, jobs=jobs, created=created, replayed="created" in request.args,
+            "event.html", event=event, jobs=jobs, created=created, replayed=told is not None,
             headers=sorted((event.get("headers") or {}).items()), body_json=present.body_as_json(event["body"]),
             body=present.cut(event["body"]), body_bytes=len(event["body"].encode("utf-8")),
         )
@@ -378,7 +382,7 @@ class Console:
         if created:
             self._deps.doorbell.set()
         log.info("console: event %d replayed, %d job(s) created", ident, len(created), extra={"event_id": ident})
-        return _redirect(f"/ui/events/{ident}?{urlencode({'created': ','.join(map(str, created))})}", 303)
+        return _redirect(self._sealed(f"/ui/events/{ident}", "created", ",".join(map(str, created)) or "none"), 303)
 
     async def retry_failed_page(self) -> Response | str:
         """``GET /ui/retry-failed?kind=&since=``: how many would be retried, and the button."""
@@ -435,9 +439,23 @@ class Console:
             self._deps.doorbell.set()
         log.info("console: kind %s %s", kind, "paused" if pause else "resumed", extra={"kind": kind})
         notice = ("paused" if changed else "already-paused") if pause else ("resumed" if changed else "not-paused")
-        return _redirect(f"/ui/?notice={notice}", 303)
+        return _redirect(self._sealed("/ui/", "notice", notice), 303)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _sealed(self, path: str, name: str, value: str) -> str:
+        """``path?name=value&seal=...``: what a redirect after an action tells its page, sealed for this session."""
+        assert self._sessions is not None
+        query = urlencode({name: value})
+        return f"{path}?{query}&seal={self._sessions.seal(g.console_session, f'{path}?{query}')}"
+
+    def _told(self, name: str, value: str | None, seal: str | None) -> str | None:
+        """``value`` of the query parameter ``name`` if this page's link was sealed for this session, else None."""
+        session: Session | None = g.get("console_session")
+        if value is None or session is None or self._sessions is None:
+            return None
+        text = f"{request.path}?{urlencode({name: value})}"
+        return value if self._sessions.unsealed(session, text, seal) else None
 
     async def _live_session(self) -> Session | None:
         """The request's session: its cookie authentic and unexpired, and not logged out (one look-up).
@@ -499,9 +517,13 @@ def _ident(raw: str, what: str) -> int:
 
 
 def _db_message(exc: Exception) -> str:
+    """What the page says when the database did not answer: what really happened, and what helps."""
     if isinstance(exc, QueryError) and exc.sqlstate == "57014":
         return (f"The database did not answer within {QUERY_SECONDS:g} s: narrow the filter "
                 "(a kind, a status, a time range) and try again.")
+    if isinstance(exc, QueryError) and exc.sqlstate == "55P03":
+        return ("A table or row this page reads is locked by another transaction (a migration, a VACUUM FULL, "
+                "a long update): try again in a moment; a narrower filter would not help.")
     if isinstance(exc, QueryError):
         return f"The database refused the query (SQLSTATE {exc.sqlstate or 'unknown'}); try again in a moment."
     return "The database is unavailable; try again in a moment."
