@@ -31,7 +31,7 @@ import anyio.to_thread
 
 from autom.db.producer import insert_at, insert_on
 from autom.jobs.models import NewJob
-from autom.jobs.store import jobs_json
+from autom.jobs.store import created_or_none, jobs_json
 from autom.sources.base import key_text
 
 
@@ -74,13 +74,18 @@ def enqueue_sync(
     run_at: datetime | None = None,
     max_attempts: int | None = None,
 ) -> int | None:
-    """Enqueue one job from synchronous code; returns its id, or None when a job with ``key`` exists.
+    """Enqueue one job from synchronous code; returns its id, or None when a job of ``kind``
+    with ``key`` exists (nothing is created; one info line on logger ``autom.enqueue`` names it).
 
     ``database``: a DSN (committed at once) or a psycopg 3 ``Connection`` (the job
-    commits with that connection's transaction). ``max_attempts`` None: 8.
+    commits with that connection's transaction). ``max_attempts`` None: the kind's
+    handler's, as the service last registered it, else 8.
     """
-    text = jobs_json([new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)])
-    return _first(insert_at(database, text) if isinstance(database, str) else insert_on(database, text))
+    job = new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)
+    text = jobs_json([job])
+    [job_id] = created_or_none([job], insert_at(database, text) if isinstance(database, str)
+                               else insert_on(database, text))
+    return job_id
 
 
 async def enqueue(
@@ -94,9 +99,8 @@ async def enqueue(
     max_attempts: int | None = None,
 ) -> int | None:
     """``enqueue_sync`` for async code (trio or asyncio): the database call runs in a worker thread."""
-    text = jobs_json([new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)])
-    return _first(await anyio.to_thread.run_sync(insert_at if isinstance(database, str) else insert_on, database, text))
-
-
-def _first(ids: list[int]) -> int | None:
-    return ids[0] if ids else None
+    job = new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)
+    text = jobs_json([job])
+    rows = await anyio.to_thread.run_sync(insert_at if isinstance(database, str) else insert_on, database, text)
+    [job_id] = created_or_none([job], rows)
+    return job_id

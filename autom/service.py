@@ -145,6 +145,8 @@ async def run_service(
                 retry=RetryPolicy(base=settings.retry_base_seconds, cap=settings.retry_max_seconds),
                 max_defer_seconds=settings.max_defer_seconds,
             )
+            # each kind's max_attempts, for jobs enqueued from outside (autom_enqueue)
+            await store.register_kinds({kind: spec.max_attempts for kind, spec in registry.handlers.items()})
             deps = Deps(
                 settings=settings, db=db, store=store, sources=registry.sources,
                 telegram=telegram, shutdown=control.shutdown, registry=registry, http=http,

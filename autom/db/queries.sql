@@ -30,9 +30,25 @@ insert into schema_migrations (version, name, checksum) values (%(version)s, %(n
 update schema_migrations set checksum = %(checksum)s where version = %(version)s and checksum is null;
 
 -- name: enqueue_many
--- Insert jobs (a JSON array, see autom_enqueue in migrations/0002); a key that
--- exists already is skipped. Returns the ids created.
+-- Insert jobs (a JSON array, see autom_enqueue in migrations/0002); a job whose
+-- kind and key exist already is skipped. Returns the ids created.
 select autom_enqueue as id from autom_enqueue(%(jobs)s::jsonb);
+
+-- name: enqueue_each
+-- enqueue_many, one row per job in the array's order (migrations/0022): its
+-- position, the new id or NULL, and the existing job's id when it was skipped.
+select pos, id, existing from autom_enqueue_each(%(jobs)s::jsonb) order by pos;
+
+-- name: kinds_register
+-- Each kind's max_attempts from this replica's App (migrations/0022), for jobs
+-- enqueued without one; an upsert at every start (the last replica to start wins).
+-- Rows in kind order, so replicas starting together lock them in one order.
+insert into kinds as k (kind, max_attempts)
+select t.kind, t.max_attempts
+from unnest(%(kinds)s::text[], %(max_attempts)s::int[]) as t (kind, max_attempts)
+order by t.kind
+on conflict (kind) do update set max_attempts = excluded.max_attempts, updated_at = now()
+    where k.max_attempts is distinct from excluded.max_attempts;
 
 -- name: claim
 -- Claim up to %(n)s due jobs (pending and due, or running with an expired lease):

@@ -48,15 +48,17 @@ enqueue, a claim, a confirmation) flushes it too: the WAL is written in order.
 
 ``insert_jobs_sync`` takes the connection of a caller's transaction, so jobs can be
 created in it (``enqueue(job, tx)``: they commit or roll back with the caller's own
-writes). The intake does not use it: it stores an event and its jobs with one
-statement of its own (``intake_store``, autom/events.py).
+writes); like ``enqueue`` it answers per job: the new id, or None when a job of that
+kind with that key exists (keys are unique per kind, migrations/0022). The intake
+stores an event and its jobs with one statement of its own (``intake_store``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -72,6 +74,8 @@ if TYPE_CHECKING:
 #: Default of MAX_DEFER_SECONDS: how long a job's refused deferrals (Telegram's 429s)
 #: may last in a row before it fails for good (``Defer.refused``, migrations/0018).
 MAX_DEFER_SECONDS = 3600.0
+
+log = logging.getLogger("autom.enqueue")
 
 
 def _json_safe(value: Any) -> Any:
@@ -105,14 +109,29 @@ def jobs_json(jobs: Sequence[NewJob]) -> str:
     )
 
 
-def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert ``jobs`` on ``conn`` (in its transaction); returns the ids of those created.
+def created_or_none(jobs: Sequence[NewJob], rows: Iterable[tuple[int | None, int | None]]) -> list[int | None]:
+    """Per job of ``jobs``, its new id or None, from ``enqueue_each``'s ``(id, existing)`` rows
+    (in the jobs' order); each job not created gets one info line naming the job that has its key."""
+    ids: list[int | None] = []
+    for job, (job_id, existing) in zip(jobs, rows, strict=True):
+        if job_id is None:
+            log.info("job not enqueued: kind %s key %r exists as job %s", job.kind, job.key, existing,
+                     extra={"job_id": existing, "kind": job.kind})
+        ids.append(job_id)
+    return ids
 
-    A job whose key exists already is skipped (``on conflict (key) where key is not null do nothing``).
+
+def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int | None]:
+    """Insert ``jobs`` on ``conn`` (in its transaction); per job, in order, its new id or None.
+
+    None: a job of its kind with its key exists, so nothing was created (one info line
+    names that job, ``created_or_none``). Two jobs of one kind and key in ``jobs``: the
+    first is created.
     """
     if not jobs:
         return []
-    return [row["id"] for row in conn.execute(Q.enqueue_many, {"jobs": jobs_json(jobs)}).fetchall()]
+    rows = conn.execute(Q.enqueue_each, {"jobs": jobs_json(jobs)}).fetchall()
+    return created_or_none(jobs, [(row["id"], row["existing"]) for row in rows])
 
 
 _JOB_FIELDS = frozenset(f.name for f in fields(Job))
@@ -206,22 +225,42 @@ class JobStore:
                            for n in (1, 2) for durable in (False, True)}
 
     async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
-        """Create ``job``; returns its id, or None when a job with its key exists.
+        """Create ``job``; returns its id, or None when a job of its kind with its key exists
+        (logged at info, naming that job).
 
         Inside ``tx`` when given (commits or rolls back with the caller's transaction).
         """
-        ids = await self.enqueue_many([job], tx)
-        return ids[0] if ids else None
+        [job_id] = await self.enqueue_each([job], tx)
+        return job_id
+
+    async def enqueue_each(self, jobs: Sequence[NewJob], tx: Tx | None = None) -> list[int | None]:
+        """Create several jobs in one statement; per job, in order, its new id or None (its
+        kind and key exist: logged at info, naming that job). Inside ``tx`` when given."""
+        jobs = list(jobs)
+        if tx is not None:
+            return await tx.run(insert_jobs_sync, jobs)
+        if not jobs:
+            return []
+        rows = await self.db.fetch_all(Q.enqueue_each, {"jobs": jobs_json(jobs)}, prepare=True)
+        return created_or_none(jobs, [(row["id"], row["existing"]) for row in rows])
 
     async def enqueue_many(self, jobs: Sequence[NewJob], tx: Tx | None = None) -> list[int]:
-        """Create several jobs in one statement; returns the ids created (skipped keys omitted)."""
+        """Create several jobs in one statement; returns the ids created, ascending. A job whose
+        kind and key exist is skipped without a word (the ticker's slots: every replica
+        enqueues each one); ``enqueue_each`` says which."""
         if tx is not None:
-            return await tx.run(insert_jobs_sync, list(jobs))
+            return [i for i in await tx.run(insert_jobs_sync, list(jobs)) if i is not None]
         if not jobs:
             return []
         # one autocommit statement (atomic on its own): no BEGIN/COMMIT round trips
         rows = await self.db.fetch_all(Q.enqueue_many, {"jobs": jobs_json(jobs)}, prepare=True)
         return [row["id"] for row in rows]
+
+    async def register_kinds(self, max_attempts: Mapping[str, int]) -> None:
+        """Record each kind's ``max_attempts`` (its handler's) in the database, for the jobs
+        enqueued without one from outside the service (``kinds``, migrations/0022)."""
+        kinds = sorted(max_attempts)
+        await self.db.execute(Q.kinds_register, {"kinds": kinds, "max_attempts": [max_attempts[k] for k in kinds]})
 
     async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time).

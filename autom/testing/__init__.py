@@ -295,6 +295,8 @@ async def open_testbed(
         store = JobStore(db, lease_seconds=config.job_lease_seconds,
                          retry=RetryPolicy(base=config.retry_base_seconds, cap=config.retry_max_seconds),
                          max_defer_seconds=config.max_defer_seconds)
+        # each kind's max_attempts, for autom.enqueue in the user's tests (as the service does)
+        await store.register_kinds({kind: spec.max_attempts for kind, spec in registry.handlers.items()})
         deps = Deps(settings=config, db=db, store=store,
                     sources=registry.sources, telegram=telegram_client, registry=registry, http=http)
         nursery = await stack.enter_async_context(trio.open_nursery())
