@@ -18,7 +18,8 @@ on 127.0.0.1. ``run_job`` runs one job through your handler the way the service
 does (the real claim, context, timeout, transaction and completion), so what a
 test sees is what production does: no eager mode, no in-memory queue.
 Follow-up jobs a run enqueues are recorded (``run.enqueued``), not run; run
-them with ``run_job`` when the test wants to.
+them with ``run_job`` when the test wants to. ``run_schedule(kind, at=...)`` runs
+the slot of a schedule that is due at ``at``, with the ticker's key and payload.
 
 External APIs your handlers call are faked at the network edge:
 ``running_http_stub()`` serves a recording JSON API on 127.0.0.1; point your
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import trio
@@ -50,10 +52,12 @@ from autom.deps import Deps
 from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
+from autom.schedule import process_zone
 from autom.sources.base import hmac_sha256
 from autom.telegram import TelegramClient
 from autom.testing.http_stub import HttpStub, running_http_stub
 from autom.testing.telegram_stub import Reply, TelegramStub, running_stub
+from autom.ticker import due_jobs
 from autom.worker import WorkerPool
 
 __all__ = [
@@ -171,6 +175,28 @@ class Testbed:
         """Enqueue one job and run it through its handler the way a worker does; report what happened."""
         job_id = await self.enqueue(kind, payload, key=key, recipient=recipient, max_attempts=max_attempts)
         return await self.run(job_id)
+
+    async def run_schedule(self, kind: str, *, at: datetime) -> JobRun:
+        """Enqueue the slot of ``kind``'s schedule that is due at ``at`` (timezone-aware) and run it.
+
+        The job is the one the ticker would enqueue at ``at`` (same key ``kind:slot`` and
+        payload, with ``"slot"``; daily and cron specs in the testbed's TZ setting, else the
+        process's zone). AssertionError if no slot is due at ``at`` or that slot's job
+        exists already (the ticker would enqueue nothing).
+        """
+        specs = [spec for spec in self.registry.schedules if spec.kind == kind]
+        if len(specs) != 1:
+            raise AssertionError(f"expected one schedule of kind {kind!r}, found {len(specs)}: "
+                                 f"{[spec.describe() for spec in specs]}")
+        tz = ZoneInfo(self.settings.tz) if self.settings.tz else process_zone()
+        jobs = due_jobs(specs, at, tz)
+        if not jobs:
+            raise AssertionError(f"no slot of {kind!r} ({specs[0].describe()}) is due at {at.isoformat()}")
+        ids = await self.deps.store.enqueue_many(jobs)
+        if not ids:
+            raise AssertionError(f"the slot's job exists already (key {jobs[0].key!r}): the ticker would enqueue "
+                                 "nothing")
+        return await self.run(ids[0])
 
     async def run(self, job_id: int, *, wait: float = 10.0) -> JobRun:
         """Claim job ``job_id`` (with the service's claim) and run it once; report what happened.
