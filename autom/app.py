@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autom.errors import ConfigError
-from autom.handlers.spec import HandlerSpec
+from autom.handlers.spec import Handler, HandlerSpec
 from autom.jobs.models import DEFAULT_MAX_ATTEMPTS, NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.schedule import BUILTIN_SCHEDULES, Schedule
@@ -57,6 +57,10 @@ S = TypeVar("S")
 SOURCE_NAME = re.compile(r"[a-z0-9_-]+")
 #: a job kind: printable, no spaces (it is a metrics label and a log field)
 KIND = re.compile(r"[A-Za-z0-9_.:/-]{1,100}")
+#: a Telegram bot command, without its "/" (Telegram's rule: 1-32 letters, digits, underscores)
+COMMAND = re.compile(r"[A-Za-z0-9_]{1,32}")
+#: a callback route: the part of a button's data before the first ":" (data is at most 64 bytes)
+CALLBACK_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
 class AppError(ConfigError):
@@ -104,6 +108,8 @@ class Router:
         self._handlers: dict[str, HandlerSpec] = {}
         self._sources: dict[str, Source] = {}
         self._schedules: list[Schedule] = []
+        self._commands: dict[str, Handler] = {}
+        self._callbacks: dict[str, Handler] = {}
 
     def handler(
         self,
@@ -136,6 +142,44 @@ class Router:
                                "taking (ctx, job)")
             self._add_handler(HandlerSpec(kind, fn, max_attempts, None if timeout is None else float(timeout),
                                           retry))
+            return fn
+
+        return register
+
+    def command(self, name: str) -> Callable[[H], H]:
+        """Handle the Telegram command ``/name`` (also ``/name@yourbot``) with the decorated
+        ``async def f(ctx, job)``; ``job.payload`` is the ``telegram.message`` payload.
+
+        ``name``: 1-32 letters, digits or underscores (a leading "/" is dropped), matched
+        without regard to case. A user command ``ping`` or ``chatid`` replaces the built-in
+        one. A name registered twice raises ``AppError``.
+        """
+        command = name[1:] if isinstance(name, str) and name.startswith("/") else name
+        if not isinstance(command, str) or not COMMAND.fullmatch(command):
+            raise AppError(f"command {name!r}: a Telegram command is 1-32 letters, digits or underscores")
+        command = command.lower()
+
+        def register(fn: H) -> H:
+            self._add_route(self._commands, "command", command, fn)
+            return fn
+
+        return register
+
+    def callback(self, prefix: str) -> Callable[[H], H]:
+        """Handle button presses whose data is ``prefix`` or ``prefix:...`` with the decorated
+        ``async def f(ctx, job)``; ``job.payload`` has ``id``, ``data``, ``chat_id``,
+        ``message_id`` and ``from``.
+
+        ``prefix``: 1-63 letters, digits, ``_ . -`` (no ":"). Answer the press with
+        ``ctx.telegram.answer_callback(job.payload["id"], text)``; one the handler leaves
+        unanswered is answered empty when it returns. A prefix registered twice raises ``AppError``.
+        """
+        if not isinstance(prefix, str) or not CALLBACK_PREFIX.fullmatch(prefix):
+            raise AppError(f"callback {prefix!r}: a prefix is 1-63 characters of A-Z a-z 0-9 _ . - (the data "
+                           "before the first ':')")
+
+        def register(fn: H) -> H:
+            self._add_route(self._callbacks, "callback", prefix, fn)
             return fn
 
         return register
@@ -185,6 +229,18 @@ class Router:
         for schedule in router._schedules:
             self.schedule(schedule.kind, every_minutes=schedule.every_minutes, daily_at=schedule.daily_at,
                           cron=schedule.cron, payload=schedule.payload)
+        for command, fn in router._commands.items():
+            self._add_route(self._commands, "command", command, fn)
+        for prefix, fn in router._callbacks.items():
+            self._add_route(self._callbacks, "callback", prefix, fn)
+
+    def _add_route(self, routes: dict[str, Handler], what: str, name: str, fn: Handler) -> None:
+        if not _is_async(fn):
+            raise AppError(f"{what} {name!r}: {getattr(fn, '__qualname__', fn)!r} must be an async def "
+                           "taking (ctx, job)")
+        if name in routes:
+            raise AppError(f"{what} {name!r} is registered twice ({_fn_name(routes[name])} and {_fn_name(fn)})")
+        routes[name] = fn
 
     def _add_handler(self, spec: HandlerSpec) -> None:
         if spec.kind in self._handlers:
@@ -232,6 +288,7 @@ class App(Router):
             sources.update(enabled_sources(settings))
             schedules.extend(BUILTIN_SCHEDULES)
         handlers.update(self._handlers)
+        handlers.update(self._telegram_routes(handlers))
         sources.update(self._sources)
         # a user schedule of a built-in kind replaces the built-in one (its slots stay unique by key)
         user_kinds = {s.kind for s in self._schedules}
@@ -243,6 +300,24 @@ class App(Router):
         # the schedule's jobs carry the kind's max_attempts like every other enqueue
         schedules = [replace(s, max_attempts=handlers[s.kind].max_attempts) for s in schedules]
         return Registry(handlers=handlers, sources=sources, schedules=tuple(schedules))
+
+    def _telegram_routes(self, handlers: Mapping[str, HandlerSpec]) -> dict[str, HandlerSpec]:
+        """The ``telegram.message`` and ``telegram.callback`` handlers that route to this App's
+        commands and callbacks; ``AppError`` if the user's own handler of the kind would hide them."""
+        from autom.handlers import telegram_callback, telegram_message
+
+        routed: dict[str, HandlerSpec] = {}
+        for kind, routes, make in (("telegram.message", self._commands, telegram_message.routed),
+                                   ("telegram.callback", self._callbacks, telegram_callback.routed)):
+            if not routes:
+                continue
+            if kind in self._handlers:
+                what = "commands" if kind == "telegram.message" else "callbacks"
+                raise AppError(f"@app.handler({kind!r}) replaces the handler that runs the {what} "
+                               f"({', '.join(map(repr, sorted(routes)))}): register one or the other")
+            spec = handlers.get(kind) or HandlerSpec(kind, make({}), builtin=True)
+            routed[kind] = replace(spec, fn=make(routes))
+        return routed
 
     def validate(self, settings: Settings | None = None) -> None:
         """Raise ``AppError`` if this App cannot start (``registry`` without keeping the result)."""

@@ -166,7 +166,8 @@ class HandlerContext:
 
     @property
     def telegram(self) -> TelegramClient:
-        """The Bot API client: ``await ctx.telegram.send_message(chat_id, text)`` (Retry / PermanentError /
+        """The Bot API client: ``send_message(chat_id, text, buttons=...)``, ``edit_message(chat_id,
+        message_id, text, buttons=...)``, ``answer_callback(callback_id, text)`` (Retry / PermanentError /
         TransientError on failure, within HTTP_TIMEOUT_SECONDS and Telegram's rate limits; ``ChatBlocked``
         ends the job cancelled). Bound to this run's claim: a split text resumes where a
         previous run of the job left it."""

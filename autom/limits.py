@@ -79,8 +79,12 @@ class SendLimiter:
         """Seconds between two messages to ``chat_id`` (group chats have negative ids)."""
         return self.group_interval if str(chat_id).startswith("-") else self.chat_interval
 
-    async def acquire(self, chat_id: int | str, *, parts: int = 1, priority: bool = False) -> None:
+    async def acquire(self, chat_id: int | str, *, parts: int = 1, priority: bool = False,
+                      interval: float | None = None) -> None:
         """Take the right to send ``parts`` messages to ``chat_id`` now, or raise ``Defer``.
+
+        ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
+        bot's budget alone, as for answering button presses, which go to no chat).
 
         The reservation commits with ``synchronous_commit = off`` for its own transaction
         only (``telegram_acquire``): the commit returns before its WAL is flushed, saving
@@ -93,7 +97,8 @@ class SendLimiter:
         (a 429 hold lost in a crash would let a flood go on).
         """
         wait = await self._db.fetch_val(Q.telegram_acquire, {
-            "chat": str(chat_id), "parts": max(1, parts), "chat_interval": self.interval(chat_id),
+            "chat": str(chat_id), "parts": max(1, parts),
+            "chat_interval": self.interval(chat_id) if interval is None else interval,
             "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
         }, prepare=True)
         if wait is not None and wait < 0:
@@ -179,11 +184,11 @@ def split_text(text: str, limit: int = MAX_TEXT) -> list[str]:
     split. A part ends at the last line break that fits, else at the last space, else
     wherever the limit falls. Nothing is lost: the parts joined are the text.
     """
-    if _units(text) <= limit:
+    if units(text) <= limit:
         return [text]
     parts: list[str] = []
     rest = text
-    while _units(rest) > limit:
+    while units(rest) > limit:
         end = _fit(rest, limit)  # characters that fit
         cut = rest.rfind("\n", 0, end) + 1
         if cut <= end // 2:  # no line break in the second half: try a space
@@ -207,6 +212,6 @@ def _fit(text: str, limit: int) -> int:
     return len(text)
 
 
-def _units(text: str) -> int:
+def units(text: str) -> int:
     """``text``'s length in UTF-16 code units, as Telegram counts it."""
     return len(text.encode("utf-16-le")) // 2

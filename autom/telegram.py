@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,12 +39,20 @@ import trio
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
 from autom.errors import ChatBlocked, ConfigError, Defer, JobError, LeaseLost, PermanentError, Retry, TransientError
-from autom.limits import MAX_TEXT, SendLimiter, split_text
+from autom.limits import MAX_TEXT, SendLimiter, split_text, units
 
 if TYPE_CHECKING:
     from autom.jobs.models import Job
 
 logger = logging.getLogger("autom.telegram")
+
+#: Telegram's limit on a button's callback data, in bytes (UTF-8)
+MAX_CALLBACK_DATA = 64
+#: the limiter's key for answers to button presses: the bot's budget, no chat's spacing
+CALLBACK_BUDGET = ":callbacks"
+
+#: rows of ``(label, data)`` pairs: an inline keyboard (``send_message(..., buttons=...)``)
+Buttons = Sequence[Sequence[tuple[str, str]]]
 
 #: What a call returns in log-only mode (``autom dev`` without a token).
 LOG_ONLY_RESULT: dict[str, Any] = {"message_id": 0, "log_only": True}
@@ -83,6 +91,8 @@ class TelegramClient:
         #: the claim this client acts for (``for_job``), and its split sends so far
         self._job: Job | None = None
         self._splits = 0
+        #: the button presses this client answered (``answered``)
+        self._answered: set[str] = set()
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
@@ -110,6 +120,7 @@ class TelegramClient:
         bound = copy.copy(self)
         bound._job = job
         bound._splits = 0
+        bound._answered = set()
         bound._owns_http = False
         return bound
 
@@ -126,6 +137,8 @@ class TelegramClient:
         an operator wants to read). Raises ``Retry`` / ``PermanentError`` /
         ``TransientError``; never an httpx exception, never a message with the token.
         """
+        if method == "answerCallbackQuery":
+            self._answered.add(str(params.get("callback_query_id")))
         if self._log_only:
             self._log_call(method, params)
             return {"ok": True, "result": dict(LOG_ONLY_RESULT), "log_only": True}
@@ -156,12 +169,17 @@ class TelegramClient:
             )
         return body
 
-    async def send_message(self, chat_id: int | str, text: str, **extra: Any) -> dict[str, Any]:
-        """Send ``text`` to ``chat_id``; return the (last) sent Message object.
+    async def send_message(self, chat_id: int | str, text: str, *, buttons: Buttons | None = None,
+                           **extra: Any) -> dict[str, Any]:
+        """Send ``text`` to ``chat_id``; return the (last) sent Message object (``message_id``...).
 
+        ``buttons``: rows of ``(label, data)`` pairs, an inline keyboard under the message
+        (a press arrives as a ``telegram.callback`` job with ``data``); each ``data`` at most
+        64 bytes (UTF-8), else ``PermanentError`` before anything is sent.
         Texts over Telegram's 4096 limit are split into several messages, on line
-        boundaries where possible (``autom.limits.split_text``). ``extra`` goes to the
-        API as is (parse_mode, reply_to_message_id, ...). With a ``limiter`` (the
+        boundaries where possible (``autom.limits.split_text``); the keyboard goes under
+        the last. ``extra`` goes to the API as is (parse_mode, reply_to_message_id, ...).
+        With a ``limiter`` (the
         service sets one) the send waits for Telegram's limits by raising
         ``autom.errors.Defer``, and a 429 holds the chat and defers too. A chat that
         blocked the bot raises ``ChatBlocked`` (the job ends cancelled): Telegram said so
@@ -171,7 +189,63 @@ class TelegramClient:
         a text whose parts were all sent by an earlier run returns ``{"message_id": ...}``
         of its last part without sending.
         """
+        if buttons is not None:
+            extra = {**extra, "reply_markup": inline_keyboard(buttons)}
         return await self._send(chat_id, text, extra)
+
+    async def edit_message(self, chat_id: int | str, message_id: int, text: str, *,
+                           buttons: Buttons | None = None, **extra: Any) -> dict[str, Any]:
+        """Replace the text (and the buttons) of a message the bot sent; return the edited Message.
+
+        ``buttons`` as for ``send_message``; None leaves the message without buttons.
+        Within the chat's send limits (``Defer`` / ``ChatBlocked`` as ``send_message``). An
+        edit to what the message already says (a rerun's) is not an error: Telegram's "message
+        is not modified" returns ``{"message_id": message_id}``. A text over 4096 characters
+        is a ``PermanentError`` (an edit cannot be split).
+        """
+        if units(text) > MAX_TEXT:
+            raise PermanentError(f"telegram editMessageText: the text has {units(text)} characters (UTF-16 "
+                                 f"units), more than Telegram's {MAX_TEXT}; an edit cannot be split")
+        params: dict[str, Any] = {"chat_id": chat_id, "message_id": message_id, "text": text, **extra}
+        if buttons is not None:
+            params["reply_markup"] = inline_keyboard(buttons)
+        if self.limiter is not None:
+            await self.limiter.acquire(chat_id)
+        try:
+            body = await self._guarded("editMessageText", chat_id, params)
+        except PermanentError as exc:
+            if isinstance(exc, ChatBlocked) or "message is not modified" not in str(exc):
+                raise
+            return {"message_id": message_id}
+        result = body.get("result")
+        return result if isinstance(result, dict) else {"message_id": message_id}
+
+    async def answer_callback(self, callback_id: str, text: str | None = None, **extra: Any) -> bool:
+        """Answer a button press (``job.payload["id"]`` of a ``telegram.callback`` job): the user's
+        client stops its spinner and shows ``text`` (if any) as a notice.
+
+        ``extra`` goes to answerCallbackQuery as is (``show_alert=True``: a dialog). Within the
+        bot's send budget (no chat's spacing: an answer goes to no chat). Returns False, without
+        raising, when Telegram says the query is too old or already answered (a rerun's second
+        answer): there is nothing left to answer.
+        """
+        params: dict[str, Any] = {"callback_query_id": callback_id, **extra}
+        if text is not None:
+            params["text"] = text
+        if self.limiter is not None:
+            await self.limiter.acquire(CALLBACK_BUDGET, interval=0.0)
+        try:
+            await self._guarded("answerCallbackQuery", None, params)
+        except PermanentError as exc:
+            if "query is too old" not in str(exc) and "query id is invalid" not in str(exc).lower():
+                raise
+            logger.info("telegram callback %s was not answered: %s", callback_id, one_line(str(exc)))
+            return False
+        return True
+
+    def answered(self, callback_id: str) -> bool:
+        """Whether this run answered the button press ``callback_id`` (tried to, at least)."""
+        return callback_id in self._answered
 
     async def _send(self, chat_id: int | str, text: str, extra: dict[str, Any], *, priority: bool = False
                     ) -> dict[str, Any]:
@@ -190,28 +264,40 @@ class TelegramClient:
                 return {"message_id": last_id}
         if limiter is not None:
             await limiter.acquire(chat_id, parts=len(parts) - first, priority=priority)
+        # a keyboard belongs under the last part
+        head = {k: v for k, v in extra.items() if k != "reply_markup"}
         result: Any = None
         for index in range(first, len(parts)):
             if index > first and limiter is not None:
                 await trio.sleep(limiter.interval(chat_id))  # the parts' slots are taken: keep them spaced
-            try:
-                body = await self.call("sendMessage", chat_id=chat_id, text=parts[index], **extra)
-            except Retry as exc:
-                if limiter is None:
-                    raise
-                await limiter.pushed(chat_id, exc.after)
-                refused = Defer(f"{exc}; chat {chat_id} holds its sends", after=exc.after)
-                refused.refused = True  # bounded by MAX_DEFER_SECONDS (jobs/store.py: decide)
-                raise refused from None
-            except ChatBlocked as exc:
-                if limiter is not None and not priority:
-                    await self._blocked(limiter, chat_id, exc)
-                raise
+            params = extra if index == len(parts) - 1 else head
+            body = await self._guarded("sendMessage", chat_id, {"chat_id": chat_id, "text": parts[index], **params},
+                                       priority=priority)
             result = body.get("result")
             if slot is not None and job is not None and limiter is not None:
                 message_id = result.get("message_id") if isinstance(result, dict) else None
                 await self._record(limiter, job, slot, index + 1, message_id)
         return result if isinstance(result, dict) else {"result": result}
+
+    async def _guarded(self, method: str, chat_id: int | str | None, params: dict[str, Any], *,
+                       priority: bool = False) -> dict[str, Any]:
+        """``call``, with a 429 holding the chat (or, without one, the bot's answers) and deferring the
+        job, and a blocked chat marked (through the limiter, when there is one)."""
+        limiter = self.limiter
+        try:
+            return await self.call(method, **params)
+        except Retry as exc:
+            if limiter is None:
+                raise
+            held = CALLBACK_BUDGET if chat_id is None else chat_id
+            await limiter.pushed(held, exc.after)
+            refused = Defer(f"{exc}; chat {held} holds its sends", after=exc.after)
+            refused.refused = True  # bounded by MAX_DEFER_SECONDS (jobs/store.py: decide)
+            raise refused from None
+        except ChatBlocked as exc:
+            if limiter is not None and not priority and chat_id is not None:
+                await self._blocked(limiter, chat_id, exc)
+            raise
 
     async def _blocked(self, limiter: SendLimiter, chat_id: int | str, exc: ChatBlocked) -> None:
         """Mark the chat blocked and cancel its other pending jobs; a failure to is only logged
@@ -271,6 +357,33 @@ class TelegramClient:
             params.get("text"),
             f" params={others}" if others else "",
         )
+
+
+def inline_keyboard(buttons: Buttons) -> dict[str, Any]:
+    """``reply_markup`` for rows of ``(label, data)`` pairs; ``PermanentError`` naming the button
+    whose data is empty or longer than Telegram's 64 bytes, or a label that is not text."""
+    if isinstance(buttons, str | bytes) or not isinstance(buttons, Sequence):
+        raise PermanentError("telegram buttons must be rows (lists) of (label, data) pairs")
+    rows: list[list[dict[str, str]]] = []
+    for row in buttons:
+        if isinstance(row, str | bytes) or not isinstance(row, Sequence):
+            raise PermanentError(f"telegram buttons: row {row!r} is not a list of (label, data) pairs")
+        keys: list[dict[str, str]] = []
+        for pair in row:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise PermanentError(f"telegram buttons: {pair!r} is not a (label, data) pair")
+            label, data = pair
+            if not isinstance(label, str) or not label.strip():
+                raise PermanentError(f"telegram buttons: label {label!r} must be a non-empty text")
+            if not isinstance(data, str) or not data:
+                raise PermanentError(f"telegram button {label!r}: data must be a non-empty text, got {data!r}")
+            size = len(data.encode("utf-8", "surrogatepass"))
+            if size > MAX_CALLBACK_DATA:
+                raise PermanentError(f"telegram button {label!r}: data {data[:80]!r} is {size} bytes; Telegram "
+                                     f"takes at most {MAX_CALLBACK_DATA} (keep an id in it, not the content)")
+            keys.append({"text": label, "callback_data": data})
+        rows.append(keys)
+    return {"inline_keyboard": rows}
 
 
 def _raise_if_blocked(response: httpx.Response, what: str, chat_id: Any) -> None:
@@ -355,9 +468,12 @@ def _redact_token_in_httpx_logs(token: str) -> None:
 
 
 __all__ = [
+    "MAX_CALLBACK_DATA",
     "MAX_TEXT",
     "AlertResult",
+    "Buttons",
     "TelegramClient",
+    "inline_keyboard",
     "open_telegram",
     "split_text",
 ]

@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from autom.context import HandlerContext
-from autom.handlers import heartbeat, log_event, prune, telegram_member, telegram_message, telegram_send
+from autom.handlers import (
+    heartbeat,
+    log_event,
+    prune,
+    telegram_callback,
+    telegram_edited,
+    telegram_member,
+    telegram_message,
+    telegram_send,
+)
 from autom.handlers.spec import Handler, HandlerSpec
 
 __all__ = ["Handler", "HandlerContext", "builtin_handlers", "default_handlers"]
@@ -24,6 +33,8 @@ def default_handlers() -> Mapping[str, Handler]:
         "telegram.message": telegram_message.handle,
         "telegram.send": telegram_send.handle,
         "telegram.member": telegram_member.handle,
+        "telegram.callback": telegram_callback.handle,
+        "telegram.edited": telegram_edited.handle,
         "site.form": log_event.handle,
         "github.event": log_event.handle,
         "stripe.event": log_event.handle,

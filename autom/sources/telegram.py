@@ -4,11 +4,13 @@ Telegram authenticates a delivery only by echoing the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; there is no signature and
 no timestamp, so redeliveries are recognised by ``update_id`` alone.
 
-``message`` updates become ``telegram.message`` jobs, ``my_chat_member`` updates
-(the bot blocked, unblocked, added or removed) ``telegram.member`` jobs; storing
-either sets or clears the chat's blocked mark (migrations/0020). Edited messages,
-channel posts, callback queries and the rest are stored as events without jobs:
-answering an edit as if it were a new command is not what a chat user expects.
+``message`` updates become ``telegram.message`` jobs, ``edited_message``
+``telegram.edited``, ``callback_query`` (a button pressed) ``telegram.callback`` and
+``my_chat_member`` (the bot blocked, unblocked, added or removed) ``telegram.member``
+jobs; storing one sets or clears the chat's blocked mark (migrations/0020, 0024).
+A callback's recipient is ``<chat>:cb``: a line of its own beside the chat's, so a
+button is answered without waiting for the chat's slow jobs. Channel posts and the
+rest are stored as events without jobs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
 
 # Telegram ids fit in a signed 64-bit integer (the Bot API promises at most 52 significant bits)
 _INT64 = range(-(2**63), 2**63)
+
+#: what a callback's recipient adds to its chat's id: the chat's button presses have a line of their own
+CALLBACK_LINE = ":cb"
 
 
 class TelegramSource:
@@ -78,11 +83,12 @@ class TelegramSource:
         return id_field(update, "update_id")
 
     def parse(self, headers: Headers, text: str) -> Parsed:
-        """One ``telegram.message`` job for a ``message`` update with a chat, one ``telegram.member``
-        job for a ``my_chat_member`` update (``_member_job``); none for other updates.
+        """One job for a ``message`` (``telegram.message``), ``edited_message`` (``telegram.edited``),
+        ``callback_query`` (``telegram.callback``, ``_callback_job``) or ``my_chat_member``
+        update (``telegram.member``, ``_member_job``); none for other updates.
 
-        The payload is ``{"update_id", "chat_id", "text", "message_id", "from"}``: ``text``
-        is ``None`` for messages without text (photos, stickers), ``from`` is
+        A message's payload is ``{"update_id", "chat_id", "text", "message_id", "from"}``:
+        ``text`` is ``None`` for messages without text (photos, stickers), ``from`` is
         ``{"id", "username"?}`` or ``None`` (messages sent on behalf of a chat).
         The job key is ``telegram:<update_id>``, the recipient the chat id, so one
         chat's replies go out one at a time and in order.
@@ -92,8 +98,14 @@ class TelegramSource:
         if not _is_int(update_id):
             raise ParseError("telegram update has no integer update_id")
         dedup = id_field(update, "update_id")
+        kind = "telegram.message"
         message = update.get("message")
+        if message is None and update.get("edited_message") is not None:
+            kind, message = "telegram.edited", update["edited_message"]
         if message is None:
+            query = update.get("callback_query")
+            if query is not None:
+                return Parsed(dedup, [_callback_job(update_id, dedup, query)])
             member = update.get("my_chat_member")
             return Parsed(dedup, [] if member is None else [_member_job(update_id, dedup, member)])
         if not isinstance(message, dict):
@@ -116,7 +128,7 @@ class TelegramSource:
             "from": _sender(message.get("from")),
         }
         job = NewJob(
-            kind="telegram.message",
+            kind=kind,
             payload=payload,
             key=f"telegram:{dedup}",
             recipient=str(chat_id),
@@ -151,6 +163,48 @@ def _member_job(update_id: object, dedup: str | None, member: object) -> NewJob:
         "from": _sender(member.get("from")),
     }
     return NewJob(kind="telegram.member", payload=payload, key=f"telegram:{dedup}", recipient=str(chat["id"]))
+
+
+def _callback_job(update_id: object, dedup: str | None, query: object) -> NewJob:
+    """The ``telegram.callback`` job of a ``callback_query`` update: a button pressed.
+
+    Payload ``{"update_id", "id", "data", "chat_id", "message_id", "from"}``: ``id`` the
+    query's (for answerCallbackQuery), ``data`` the button's callback data (None for a
+    game's), ``chat_id`` and ``message_id`` those of the message with the button (None for
+    an inline-mode message), ``from`` the presser as Telegram sent it. Recipient
+    ``<chat>:cb``: the chat's presses one at a time, in order, apart from its messages.
+    """
+    if not isinstance(query, dict):
+        raise ParseError("telegram callback_query is not an object")
+    query_id = query.get("id")
+    if not isinstance(query_id, str) or not query_id:
+        raise ParseError("telegram callback_query has no id")
+    data = query.get("data")
+    if data is not None and not isinstance(data, str):
+        raise ParseError("telegram callback_query data is not a string")
+    sender = query.get("from")
+    if not isinstance(sender, dict) or not _is_int(sender.get("id")):
+        raise ParseError("telegram callback_query has no from.id")
+    chat_id: int | None = None
+    message_id: int | None = None
+    message = query.get("message")
+    if message is not None:
+        chat = message.get("chat") if isinstance(message, dict) else None
+        if not isinstance(chat, dict) or not _is_int(chat.get("id")):
+            raise ParseError("telegram callback_query message has no integer chat.id")
+        if not _is_int(message.get("message_id")):
+            raise ParseError("telegram callback_query message has no integer message_id")
+        chat_id, message_id = chat["id"], message["message_id"]
+    payload: dict[str, Any] = {
+        "update_id": update_id,
+        "id": query_id,
+        "data": data,
+        "chat_id": chat_id,
+        "message_id": message_id,
+        "from": sender,
+    }
+    recipient = None if chat_id is None else f"{chat_id}{CALLBACK_LINE}"
+    return NewJob(kind="telegram.callback", payload=payload, key=f"telegram:{dedup}", recipient=recipient)
 
 
 def _is_int(value: object) -> bool:

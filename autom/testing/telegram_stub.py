@@ -20,7 +20,8 @@ Routes:
 * ``POST /bot{token}/{method}``: recorded (method, token, params, time), then
   answered by the next planned ``Reply`` for (method, chat_id), else for method,
   else 200 with a plausible result (sendMessage: a Message with increasing
-  ``message_id``). Params are read from JSON, a form body or the query string.
+  ``message_id``; editMessageText: the edited Message; answerCallbackQuery: true).
+  Params are read from JSON, a form body or the query string.
 * ``POST /_stub/plan``: ``{"method": "sendMessage", "chat_id": 42 (optional),
   "replies": [{"status": 502}, {"status": 429, "retry_after": 2}, {"hang": true}]}``.
 * ``GET /_stub/calls?method=&chat_id=&min=&timeout=``: ``{"calls": [...]}``;
@@ -139,6 +140,15 @@ class TelegramStub:
         """The params of every sendMessage call (to ``chat_id`` if given), oldest first."""
         return [c.params for c in self.calls_of("sendMessage", chat_id)]
 
+    def edits(self, chat_id: int | str | None = None) -> list[dict[str, Any]]:
+        """The params of every editMessageText call (to ``chat_id`` if given), oldest first."""
+        return [c.params for c in self.calls_of("editMessageText", chat_id)]
+
+    def answers(self, callback_id: str | None = None) -> list[dict[str, Any]]:
+        """The params of every answerCallbackQuery call (for ``callback_id`` if given), oldest first."""
+        return [c.params for c in self.calls_of("answerCallbackQuery")
+                if callback_id is None or c.params.get("callback_query_id") == callback_id]
+
     async def wait_for_calls(
         self, count: int = 1, *, method: str | None = None, chat_id: int | str | None = None
     ) -> list[Call]:
@@ -234,16 +244,25 @@ class TelegramStub:
 
     def _default_result(self, method: str, params: dict[str, Any]) -> Any:
         name = method.lower()
-        if name == "sendmessage":
-            message_id, self._next_message_id = self._next_message_id, self._next_message_id + 1
+        if name in ("sendmessage", "editmessagetext"):
+            message_id: Any
+            if name == "sendmessage":
+                message_id, self._next_message_id = self._next_message_id, self._next_message_id + 1
+            else:
+                message_id = params.get("message_id")
             chat_id = params.get("chat_id")
             with_int = int(chat_id) if isinstance(chat_id, str) and re.fullmatch(r"-?\d+", chat_id) else chat_id
-            return {
+            message: dict[str, Any] = {
                 "message_id": message_id,
                 "date": int(time.time()),
                 "chat": {"id": with_int, "type": "private"},
                 "text": params.get("text"),
             }
+            if params.get("reply_markup") is not None:
+                message["reply_markup"] = params["reply_markup"]
+            if name == "editmessagetext":
+                message["edit_date"] = int(time.time())
+            return message
         if name == "getme":
             return {"id": 1, "is_bot": True, "first_name": "autom stub", "username": "autom_stub_bot"}
         if name == "getwebhookinfo":

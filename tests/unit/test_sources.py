@@ -114,6 +114,15 @@ MEMBER = {
 }
 
 
+CALLBACK = {
+    "id": "4382bfdwdsb323b2d9",
+    "from": {"id": 42, "is_bot": False, "first_name": "Ann", "username": "ann", "language_code": "en"},
+    "message": {"message_id": 7, "date": 1700000000, "chat": {"id": -100123, "type": "supergroup"}, "text": "card"},
+    "chat_instance": "-1234",
+    "data": "take:17",
+}
+
+
 class TestTelegramDedupAndParse:
     def test_dedup_key_is_update_id(self) -> None:
         assert TG.dedup_key({}, tg_update(message=MESSAGE).encode()) == "1001"
@@ -160,7 +169,40 @@ class TestTelegramDedupAndParse:
         [job] = TG.parse({}, tg_update(message={**MESSAGE, "from": {"id": 5}})).jobs
         assert job.payload["from"] == {"id": 5}
 
-    @pytest.mark.parametrize("kind", ["edited_message", "channel_post", "callback_query", None])
+    def test_edited_message_becomes_an_edited_job_of_the_chat(self) -> None:
+        parsed = TG.parse({}, tg_update(edited_message=MESSAGE))
+        [job] = parsed.jobs
+        assert (job.kind, job.key, job.recipient) == ("telegram.edited", "telegram:1001", "-100123")
+        assert job.payload["text"] == "/ping" and job.payload["message_id"] == 7
+
+    def test_callback_query_becomes_a_callback_job_on_the_chats_own_line(self) -> None:
+        parsed = TG.parse({}, tg_update(callback_query=CALLBACK))
+        [job] = parsed.jobs
+        assert (job.kind, job.key, job.recipient) == ("telegram.callback", "telegram:1001", "-100123:cb")
+        assert job.payload == {"update_id": 1001, "id": "4382bfdwdsb323b2d9", "data": "take:17",
+                               "chat_id": -100123, "message_id": 7, "from": CALLBACK["from"]}
+        assert_storable(parsed)
+
+    def test_callback_of_an_inline_message_has_no_chat(self) -> None:
+        query = {k: v for k, v in CALLBACK.items() if k != "message"} | {"inline_message_id": "AAA", "data": None}
+        [job] = TG.parse({}, tg_update(callback_query=query)).jobs
+        assert job.recipient is None
+        assert (job.payload["chat_id"], job.payload["message_id"], job.payload["data"]) == (None, None, None)
+
+    @pytest.mark.parametrize("query", [
+        "take",
+        {**CALLBACK, "id": 5},
+        {**CALLBACK, "id": ""},
+        {**CALLBACK, "data": 5},
+        {**CALLBACK, "from": None},
+        {**CALLBACK, "message": {"message_id": 7, "chat": {"id": "x"}}},
+        {**CALLBACK, "message": {"message_id": "7", "chat": {"id": 1}}},
+    ])
+    def test_malformed_callback_query_is_a_parse_error(self, query: object) -> None:
+        with pytest.raises(ParseError):
+            TG.parse({}, tg_update(callback_query=query))
+
+    @pytest.mark.parametrize("kind", ["channel_post", "poll", None])
     def test_other_updates_make_no_jobs(self, kind: str | None) -> None:
         body = tg_update(**({kind: MESSAGE} if kind else {}))
         assert TG.parse({}, body) == Parsed("1001", [])
