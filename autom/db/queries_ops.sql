@@ -200,11 +200,19 @@ returning name, (xmax = 0) as inserted;
 -- name: prune_done_jobs
 -- Finished (done or cancelled) jobs past retention, a batch at a time (their
 -- job_attempts rows go with them: on delete cascade). Jobs with a key are kept at
--- least key_keep_seconds so a schedule slot can never be enqueued (and run) twice.
+-- least key_keep_seconds so a schedule slot can never be enqueued (and run) twice,
+-- and the newest slot job of each kind (key "{kind}:{slot}", payload {"slot": slot},
+-- as the ticker makes it) is kept however old: its slot may still be the current one
+-- (a monthly cron, every_minutes over key_keep_seconds), and the ticker would enqueue
+-- it again. An older slot job cannot come back: the ticker only enqueues the current slot.
 delete from jobs where id in (
-    select id from jobs
-    where status in ('done', 'cancelled') and finished_at < now() - make_interval(secs => %(keep_seconds)s)
-      and (key is null or created_at < now() - make_interval(secs => %(key_keep_seconds)s))
+    select j.id from jobs j
+    where j.status in ('done', 'cancelled') and j.finished_at < now() - make_interval(secs => %(keep_seconds)s)
+      and (j.key is null
+           or (j.created_at < now() - make_interval(secs => %(key_keep_seconds)s)
+               and (j.key is distinct from j.kind || ':' || (j.payload->>'slot')
+                    or exists (select 1 from jobs n
+                               where n.kind = j.kind and n.id > j.id and n.key = n.kind || ':' || (n.payload->>'slot')))))
     limit %(batch)s
 );
 

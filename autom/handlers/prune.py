@@ -8,8 +8,9 @@ be sent); Telegram send-limit rows of chats quiet for an hour (autom/limits.py);
 ``ctx.once`` keys older than the longer of the two retentions (until then every
 job or event that could repeat the effect is still there to be retried or replayed).
 Failed jobs are kept until retried or deleted by hand. Jobs with
-a key are kept at least ``KEY_KEEP_SECONDS`` so a schedule slot cannot be
-enqueued twice. Rerun-safe: deleting what is already gone deletes nothing.
+a key are kept at least ``KEY_KEEP_SECONDS``, and each kind's newest schedule slot
+job however old, so a slot is never enqueued twice. Rerun-safe: deleting what is
+already gone deletes nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("autom.retention")
 
 BATCH = 1000
-#: a keyed job (schedule slot, sender event id) is never pruned sooner than this:
-#: longer than any schedule period, so a slot key cannot come free within its slot
+#: a keyed job (schedule slot, sender event id) is never pruned sooner than this; the
+#: newest slot job of a kind is kept longer (its slot may last longer: a monthly cron)
 KEY_KEEP_SECONDS = 8 * 86400
 #: one run stops after this long and leaves the rest to the next hour
 BUDGET_SECONDS = 60.0

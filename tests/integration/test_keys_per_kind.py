@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -173,3 +173,27 @@ def test_the_migration_keeps_the_jobs_and_makes_keys_per_kind(empty_dsn: str) ->
         assert handed is not None and handed[1] == 1
         assert conn.execute("select kind, key from jobs where id > %s order by id", [made - 1]).fetchall() == [
             ("orders.mail", "orders.digest:1"), ("crm.call", "lead:1")]
+
+
+async def test_retention_never_reopens_a_slot_that_lasts_longer_than_the_key_keep(db, dsn: str) -> None:
+    """A slot current for 30 days (every_minutes=43200): its done job, past retention and
+    KEY_KEEP_SECONDS, is kept while it is the kind's newest slot job, so the ticker's next
+    tick enqueues nothing; the slot before it, and an ordinary keyed job as old, go."""
+    from autom.db.queries import Q
+    from autom.handlers.prune import KEY_KEEP_SECONDS
+    from autom.schedule import Schedule
+
+    store = JobStore(db)
+    monthly = (Schedule("report.monthly", every_minutes=43200),)
+    now = datetime.now(UTC)
+    [current] = due_jobs(monthly, now, UTC)
+    [previous] = due_jobs(monthly, now - timedelta(days=30), UTC)
+    ids = [await store.enqueue(job) for job in (previous, current, NewJob("site.form", key="site:old"))]
+    # (the prune reads only the rows' ages, not when their slots began)
+    await db.execute("update jobs set status = 'done', created_at = now() - interval '20 days',"
+                     " finished_at = now() - interval '20 days'")
+    await db.execute(Q.prune_done_jobs, {"keep_seconds": 7 * 86400, "key_keep_seconds": KEY_KEEP_SECONDS,
+                                         "batch": 100})
+    assert [r[1] for r in rows(dsn)] == [current.key]
+    assert await store.enqueue_many(due_jobs(monthly, now, UTC)) == []  # the slot ran: not again
+    assert ids[1] is not None
