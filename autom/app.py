@@ -36,6 +36,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autom.errors import ConfigError
@@ -47,6 +48,7 @@ from autom.sources.base import Source
 
 if TYPE_CHECKING:
     from autom.config import Settings
+    from autom.db.migrate import Migration
 
 log = logging.getLogger("autom.app")
 
@@ -264,11 +266,32 @@ class App(Router):
 
     ``App()`` includes every built-in (README: Sources, Handlers, Schedule).
     ``App(builtins=False)`` starts empty (tests; a deployment that wants none).
+    ``App(migrations="migrations")``: a directory of your numbered SQL files
+    (``0001_orders.sql``), applied after autom's own; a relative path is taken from
+    the directory of the module that makes the App.
     """
 
-    def __init__(self, *, builtins: bool = True) -> None:
+    def __init__(self, *, builtins: bool = True, migrations: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         self.builtins = builtins
+        self.migrations: Path | None = None
+        if migrations is not None:
+            folder = Path(migrations)
+            caller = sys._getframe(1).f_globals.get("__file__")
+            if not folder.is_absolute() and caller:
+                folder = Path(caller).resolve().parent / folder
+            self.migrations = folder
+
+    def user_migrations(self) -> list[Migration]:
+        """The App's own migrations, read from ``migrations`` now (empty without); ``AppError`` if unreadable."""
+        from autom.db.migrate import read_migrations
+
+        if self.migrations is None:
+            return []
+        try:
+            return read_migrations(self.migrations)
+        except (OSError, ValueError) as exc:
+            raise AppError(str(exc)) from None
 
     def registry(self, settings: Settings) -> Registry:
         """Validate the whole App and freeze it for a service with ``settings``.
@@ -299,6 +322,7 @@ class App(Router):
                            "@app.handler)")
         # the schedule's jobs carry the kind's max_attempts like every other enqueue
         schedules = [replace(s, max_attempts=handlers[s.kind].max_attempts) for s in schedules]
+        self.user_migrations()  # a missing directory or a misnamed file stops the start
         return Registry(handlers=handlers, sources=sources, schedules=tuple(schedules))
 
     def _telegram_routes(self, handlers: Mapping[str, HandlerSpec]) -> dict[str, HandlerSpec]:

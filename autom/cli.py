@@ -76,22 +76,23 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    """``autom migrate``: apply pending migrations and exit."""
+    """``autom migrate``: apply pending migrations (autom's, then the App's own) and exit."""
     from autom.db.bridge import open_database
     from autom.db.migrate import apply_migrations
 
     settings = _settings(["DATABASE_URL"])
     assert settings.database_url
+    user = _app(args, settings).user_migrations()
 
     async def migrate() -> list[Any]:
         assert settings.database_url
         async with open_database(settings.database_url, min_size=1, max_size=1, name="autom-migrate") as db:
-            return await apply_migrations(db)
+            return await apply_migrations(db, user)
 
     applied = trio.run(migrate)
     if applied:
         for mig in applied:
-            print(f"applied {mig.version:04d}_{mig.name}")
+            print(f"applied {mig.label}")
     else:
         print("database is up to date")
     return 0
@@ -392,8 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "AUTOM_APP=shop_automations:app autom dev"])
     add_role(dev)
     dev.add_argument("--app", metavar="MODULE:ATTR", help=app_help)
-    add("migrate", cmd_migrate, "apply pending database migrations and exit", reads=_DATABASE_ONLY,
-        examples=["DATABASE_URL=postgresql://autom@db.example/autom autom migrate"])
+    migrate = add("migrate", cmd_migrate, "apply pending database migrations (autom's, then your App's) and exit",
+                  reads=_DATABASE_ONLY + ", AUTOM_APP",
+                  examples=["DATABASE_URL=postgresql://autom@db.example/autom autom migrate",
+                            "autom migrate --app shop_automations:app   # your App(migrations=...) too"])
+    migrate.add_argument("--app", metavar="MODULE:ATTR", help=app_help)
     failed = add("failed", cmd_failed, "list the latest failed jobs", reads=_DATABASE_ONLY,
                  examples=["autom failed --limit 50", "autom failed --json | jq '.[].id'"])
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")

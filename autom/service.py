@@ -130,7 +130,7 @@ async def run_service(
         settings.database_url, min_size=2, max_size=(settings.workers if works else 0) + 8, name="autom",
         pool_timeout=1.0,
     ) as db:
-        applied = await apply_migrations(db)
+        applied = await apply_migrations(db, app.user_migrations() if app is not None else ())
         if applied:
             log.info("applied %d migrations", len(applied))
         async with (

@@ -18,16 +18,22 @@ Each applied migration's SHA-256 is recorded. A shipped file whose text no
 longer matches what was applied stops the runner (``MigrationChanged``, one line
 naming the file): migrations are never edited once applied; a change is a new
 number. Rows applied before checksums were recorded take the shipped file's.
+
+The user's own migrations (``App(migrations=DIR)``) are numbered apart, applied
+after autom's in the same transaction under the same lock, recorded in
+``user_migrations`` and checksummed the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -50,11 +56,13 @@ class Migration:
     version: int
     name: str
     sql: str = field(repr=False)
+    #: the file of a user's migration (App(migrations=...)); None for autom's own
+    path: Path | None = None
 
     @property
     def label(self) -> str:
-        """``0004_alert_outbox``: the file name without ``.sql``."""
-        return f"{self.version:04d}_{self.name}"
+        """``0004_alert_outbox``: the file name without ``.sql`` (``your 0001_orders`` for the user's)."""
+        return f"{'your ' if self.path is not None else ''}{self.version:04d}_{self.name}"
 
     @property
     def checksum(self) -> str:
@@ -76,11 +84,36 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration] | None = None) -> list[Migration]:
+def read_migrations(directory: str | Path) -> list[Migration]:
+    """The user's migrations: every ``NNNN_name.sql`` in ``directory``, in order.
+
+    ``ValueError`` (one line) for a missing directory, a ``.sql`` file named otherwise
+    (it would be skipped silently) or two files sharing a number.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise ValueError(f"migrations directory {folder} does not exist")
+    found = []
+    for entry in sorted(folder.iterdir()):
+        m = _FILE.match(entry.name)
+        if m:
+            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8"), path=entry))
+        elif entry.suffix == ".sql":
+            raise ValueError(f"migration file {entry} is not named NNNN_name.sql (four digits, lower-case name)")
+    found.sort(key=lambda mig: mig.version)
+    for first, second in itertools.pairwise(found):
+        if first.version == second.version:
+            raise ValueError(f"migrations {first.path} and {second.path} share the number {first.version:04d}")
+    return found
+
+
+def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration] | None = None,
+                  user: Sequence[Migration] = ()) -> list[Migration]:
     """Apply what is not applied yet, on ``conn`` inside its current transaction.
 
-    ``migrations`` defaults to ``available_migrations()``. Returns the migrations
-    applied now (empty when the database was up to date). Raises
+    ``migrations`` defaults to ``available_migrations()``; ``user`` (the App's own,
+    ``read_migrations``) are applied after them and recorded apart. Returns the
+    migrations applied now (empty when the database was up to date). Raises
     ``MigrationChanged`` when an applied migration's file was edited since.
     """
     # for this transaction only: the migrations and the wait for another runner's lock
@@ -90,8 +123,19 @@ def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration]
         log.info("waiting for another process that is applying migrations (advisory lock)")
         conn.execute(Q.migrations_lock)
     conn.execute(Q.migrations_table)
-    applied = {_row(row)[0]: _row(row)[1] for row in conn.execute(Q.migrations_applied).fetchall()}
     shipped = available_migrations() if migrations is None else sorted(migrations, key=lambda m: m.version)
+    done = _apply(conn, shipped, Q.migrations_applied, Q.migrations_record)
+    if user:
+        conn.execute(Q.user_migrations_table)
+        done += _apply(conn, sorted(user, key=lambda m: m.version), Q.user_migrations_applied,
+                       Q.user_migrations_record)
+    return done
+
+
+def _apply(conn: psycopg.Connection[Any], shipped: Sequence[Migration], applied_query: str,
+           record_query: str) -> list[Migration]:
+    """Check the applied ones' checksums, then apply the rest of ``shipped`` in order."""
+    applied = {_row(row)[0]: _row(row)[1] for row in conn.execute(applied_query).fetchall()}
     for mig in shipped:
         if mig.version not in applied:
             continue
@@ -99,15 +143,16 @@ def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration]
         if recorded is None:  # applied before checksums were kept: trust the file from now on
             conn.execute(Q.migrations_checksum, {"version": mig.version, "checksum": mig.checksum})
         elif recorded != mig.checksum:
-            raise MigrationChanged(f"migration {mig.label} was changed after it was applied to this database; "
-                                   "restore the applied text and put the change in a new migration")
+            where = f" ({mig.path})" if mig.path is not None else ""
+            raise MigrationChanged(f"migration {mig.label}{where} was changed after it was applied to this "
+                                   "database; restore the applied text and put the change in a new migration")
     done = []
     for mig in shipped:
         if mig.version in applied:
             continue
         log.info("applying migration %s", mig.label)
         conn.execute(mig.sql.encode())  # bytes: a plain script, no placeholder parsing
-        conn.execute(Q.migrations_record, {"version": mig.version, "name": mig.name, "checksum": mig.checksum})
+        conn.execute(record_query, {"version": mig.version, "name": mig.name, "checksum": mig.checksum})
         done.append(mig)
     return done
 
@@ -122,12 +167,12 @@ def _row_value(row: Any) -> Any:
     return row[0] if isinstance(row, tuple) else next(iter(row.values()))
 
 
-def apply_migrations_sync(conn: psycopg.Connection[Any]) -> list[Migration]:
-    """Apply pending migrations with a plain (sync) connection, in one transaction."""
+def apply_migrations_sync(conn: psycopg.Connection[Any], user: Sequence[Migration] = ()) -> list[Migration]:
+    """Apply pending migrations (autom's, then ``user``) with a plain (sync) connection, in one transaction."""
     with conn.transaction():
-        return apply_pending(conn)
+        return apply_pending(conn, user=user)
 
 
-async def apply_migrations(db: Database) -> list[Migration]:
-    """Apply pending migrations through the trio bridge (one transaction, one thread hop)."""
-    return await db.run(apply_pending)
+async def apply_migrations(db: Database, user: Sequence[Migration] = ()) -> list[Migration]:
+    """Apply pending migrations (autom's, then ``user``) through the trio bridge (one transaction, one hop)."""
+    return await db.run(lambda conn: apply_pending(conn, user=user))

@@ -29,6 +29,21 @@ insert into schema_migrations (version, name, checksum) values (%(version)s, %(n
 -- name: migrations_checksum
 update schema_migrations set checksum = %(checksum)s where version = %(version)s and checksum is null;
 
+-- name: user_migrations_table
+-- The user's own migrations (App(migrations=...)), numbered apart from autom's.
+create table if not exists user_migrations (
+    version    integer primary key,
+    name       text not null,
+    checksum   text not null,
+    applied_at timestamptz not null default now()
+);
+
+-- name: user_migrations_applied
+select version, checksum from user_migrations order by version;
+
+-- name: user_migrations_record
+insert into user_migrations (version, name, checksum) values (%(version)s, %(name)s, %(checksum)s);
+
 -- name: enqueue_many
 -- Insert jobs (a JSON array, see autom_enqueue in migrations/0002); a job whose
 -- kind and key exist already is skipped. Returns the ids created.

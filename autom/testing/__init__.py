@@ -295,7 +295,8 @@ async def open_testbed(
 ) -> AsyncIterator[Testbed]:
     """A testbed for ``app`` for the duration of the block.
 
-    ``database_url``: a database to use as it is (migrated on entry); default a fresh
+    ``database_url``: a database to use as it is (migrated on entry, the App's own
+    migrations too); default a fresh
     throwaway database on AUTOM_TEST_DATABASE_URL's server (dropped on exit), else on
     an embedded PostgreSQL. ``settings``: Settings fields to change (``http_timeout_seconds``
     and so on; source secrets enable the built-in sources). ``telegram``: a stub of
@@ -314,7 +315,7 @@ async def open_testbed(
         config = Settings(**values)
         registry = app.registry(config)
         db = await stack.enter_async_context(open_database(dsn, min_size=1, max_size=6, name="autom-testing"))
-        await apply_migrations(db)
+        await apply_migrations(db, app.user_migrations())
         telegram_client = TelegramClient(config)
         stack.push_async_callback(telegram_client.aclose)
         http = await stack.enter_async_context(BoundedHTTP(deadline=config.http_timeout_seconds))
