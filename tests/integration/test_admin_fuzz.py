@@ -1,6 +1,6 @@
-"""Property-based fuzzing of the live service over real HTTP, driven by its own ``/openapi.json``.
+"""Fuzzing the live service over real HTTP: properties driven by its own ``/openapi.json``, and a walk.
 
-Two properties, each bounded (100 examples; about 5 and 10 seconds):
+Two properties, each bounded (100 examples; about 5 and 10 seconds), and a walk:
 
 1. **Schemathesis** reads the description the service serves and generates
    requests for every operation, valid ones and ones that break the schema
@@ -15,6 +15,12 @@ Two properties, each bounded (100 examples; about 5 and 10 seconds):
    and an odd one (PUT, DELETE, OPTIONS, ...). No 5xx, every error
    is a JSON ``{"error": ...}``, and where the path is a documented one the status
    is a documented one (405 for a method it does not take, 404 for no route).
+3. **Every ``/ui/`` and ``/admin`` route** the app has (its URL map, so a new route is
+   walked too), logged in and with the right token, with hostile values (``HOSTILE``:
+   unpaired surrogates, bidi and control characters, numbers past bigint, dates past
+   the calendar) in every path segment, every query parameter it takes (an unknown
+   one once), every form field and JSON field, over stored data as hostile. Never a
+   5xx (about 2,000 requests, 30 s).
 
 The service (``running_service``) runs in the test's trio nursery; the fuzzing is
 synchronous (Hypothesis, requests/httpx) and runs in a worker thread meanwhile.
@@ -287,3 +293,108 @@ async def test_raw_requests_never_get_a_5xx_and_documented_paths_answer_document
             seen = await trio.to_thread.run_sync(fuzz_raw, document, svc.urls[0])
     assert seen.total() >= EXAMPLES // 2 * len(document["paths"])
     assert {200, 401, 405} <= {status for _, _, status in seen}, seen
+
+
+# --- 3. every /ui/ and /admin route with hostile values -----------------------------------------
+
+#: values that have broken the console and the admin API before, or could: unpaired surrogates,
+#: bidi and control characters, numbers past bigint and float, dates past the calendar, odd digits
+HOSTILE = [
+    "\ud800", "a\udfffb", "\u202eevil", "\u2066x\u2069", "\x00", "\x1b[2J", "\u0663", " 1", "1_0",
+    "99999999999999999999999999", "9223372036854775808", "-1", "0", "1e309", "NaN",
+    "999999d", "999999s", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "+275760-09-13", "2026-02-30",
+    "%", "../..", "//evil.example/", "<script>alert(1)</script>", "x" * 3000,
+]
+#: the query names the routes take, and one none takes
+NAMES = ["status", "kind", "recipient", "event_id", "source", "since", "until", "before", "limit", "refresh",
+         "notice", "seal", "created", "next", "token", "colour"]
+#: the fields of the console's forms, and of the admin API's JSON bodies
+FORM_NAMES = ["kind", "recipient", "since", "token", "next", "csrf"]
+JSON_NAMES = ["kind", "recipient", "since"]
+
+
+def _encoded(value: str) -> str:
+    """``value`` percent-encoded as UTF-8, an unpaired surrogate as the bytes a careless client sends."""
+    return quote(value.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _form(fields: dict[str, str]) -> bytes:
+    return "&".join(f"{_encoded(k)}={_encoded(v)}" for k, v in fields.items()).encode()
+
+
+async def test_every_console_and_admin_route_with_hostile_values_answers_without_a_5xx(db: Any) -> None:
+    from tests.integration.test_console import csrf_of, login
+    from tests.support.http_app import running_app
+
+    async with running_app(db) as app:
+        # stored text as hostile as what is sent: a body with an escaped lone surrogate, bidi everywhere
+        event = await db.fetch_val(
+            "insert into events (source, headers, body, dedup_key) values ('site', %s, %s, %s) returning id",
+            [json.dumps({"x-rlo": "\u202e"}), '{"text": "\\ud800\u202e", "n": 1e308}', "k\u202e"])
+        job = await db.fetch_val(
+            "insert into jobs (kind, status, recipient, key, event_id, last_error, finished_at, payload) values "
+            "('site.\u202eform', 'failed', 'r\u202e', 'k\u202e', %s, 'boom \x1b[2J\u202e', now(), %s) returning id",
+            [event, json.dumps({"t": "\u2066"})])
+        rules = sorted((rule.rule, sorted(rule.methods - {"HEAD", "OPTIONS"}))
+                       for rule in app.app.url_map.iter_rules() if rule.rule.startswith(("/ui", "/admin")))
+        assert len(rules) >= 25, rules
+        answers: Counter[tuple[str, str, int]] = Counter()
+        failures: list[str] = []
+        auth = {"Authorization": RIGHT_AUTH}
+
+        async with httpx.AsyncClient(base_url=app.url, timeout=30) as client:
+            assert (await login(client)).status_code == 303
+            csrf = csrf_of((await client.get("/ui/")).text)
+
+            async def send(method: str, rule: str, url: str, body: bytes | None = None,
+                           content_type: str = "application/x-www-form-urlencoded") -> httpx.Response:
+                headers = dict(auth) if rule.startswith("/admin") else {}
+                if body is not None:
+                    headers["Content-Type"] = content_type
+                response = await client.request(method, url, content=body, headers=headers)
+                answers[(method, rule, response.status_code)] += 1
+                if response.status_code >= 500:
+                    failures.append(f"{method} {url[:200]} {body!r:.200} -> {response.status_code} "
+                                    f"{response.text[:200]!r}")
+                return response
+
+            def path_of(rule: str, segment: str | None = None) -> str:
+                def fill(match: re.Match[str]) -> str:
+                    if segment is not None:
+                        return _encoded(segment)
+                    return {"job_id": str(job), "event_id": str(event)}.get(match[1], "site.form")
+                return re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", fill, rule)
+
+            # logout last: it ends the session the rest of the walk uses
+            for rule, methods in sorted(rules, key=lambda r: r[0] == "/ui/logout"):
+                for method in methods:
+                    form = {"csrf": csrf} if rule.startswith("/ui") and method == "POST" else None
+                    plain = None if form is None else _form(form)
+                    # hostile path segments
+                    if "<" in rule:
+                        for value in HOSTILE:
+                            await send(method, rule, path_of(rule, value), plain)
+                    base = path_of(rule)
+                    # each name with each value, where the route takes the name (an unknown one is a 400
+                    # whatever its value: once is enough)
+                    for name in NAMES:
+                        probe = await send(method, rule, f"{base}?{name}=x", plain)
+                        takes = "unknown query parameter" not in probe.text
+                        for value in HOSTILE if takes else []:
+                            await send(method, rule, f"{base}?{name}={_encoded(value)}", plain)
+                    # POST: each form field (console) or JSON field (admin) with each value
+                    if method == "POST" and form is not None:
+                        for name in FORM_NAMES:
+                            for value in HOSTILE:
+                                await send(method, rule, base, _form({**form, name: value}))
+                    elif method == "POST":
+                        for name in JSON_NAMES:
+                            for value in HOSTILE:
+                                await send(method, rule, base, json.dumps({name: value}).encode(), "application/json")
+                        for raw in (b"[]", b"null", b"1e999", b'{"kind": {"a": 1}}', b"\xff\xfe", b'"\\ud800"'):
+                            await send(method, rule, base, raw, "application/json")
+    assert failures == [], f"{len(failures)} answers were 5xx, the first: " + "\n".join(failures[:20])
+    # the walk reached both sides: pages and lists that answered, and refusals naming the value
+    statuses = {status for _, _, status in answers}
+    assert {200, 400, 404} <= statuses, answers
+    assert answers.total() > 1500, answers.total()

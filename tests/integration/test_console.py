@@ -173,7 +173,8 @@ async def test_a_post_without_the_csrf_token_or_from_another_site_is_403(app: Ru
     async with logged_in(app) as (client, csrf):
         for path in ACTIONS:
             url = path.format(job=job, event=event)
-            for data in ({"kind": "k"}, {"csrf": "", "kind": "k"}, {"csrf": "0" * 64, "kind": "k"}):
+            for data in ({"kind": "k"}, {"csrf": "", "kind": "k"}, {"csrf": "0" * 64, "kind": "k"},
+                         {"csrf": "é" * 64, "kind": "k"}, {"csrf": "\u202e", "kind": "k"}):  # compare_digest: str
                 response = await client.post(url, data=data)
                 assert response.status_code == 403, (url, data, response.status_code)
                 assert "text/html" in response.headers["content-type"]

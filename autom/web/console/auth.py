@@ -60,7 +60,7 @@ class Sessions:
 
     def token_matches(self, candidate: str) -> bool:
         """Whether ``candidate`` is ADMIN_TOKEN (constant time, whatever its length)."""
-        return hmac.compare_digest(hashlib.sha256(candidate.encode("utf-8")).digest(), self._token_digest)
+        return hmac.compare_digest(hashlib.sha256(_utf8(candidate)).digest(), self._token_digest)
 
     def issue(self, now: float) -> str:
         """A new session cookie value, issued at ``now`` (unix seconds)."""
@@ -75,7 +75,7 @@ class Sessions:
         if len(parts) != 4 or parts[0] != _VERSION or not parts[1].isdigit():
             return None
         payload = ".".join(parts[:3])
-        if not hmac.compare_digest(self._mac(payload), parts[3]):
+        if not hmac.compare_digest(self._mac(payload).encode(), _utf8(parts[3])):
             return None
         issued = int(parts[1])
         if not issued - SKEW_SECONDS <= now < issued + self.lifetime:
@@ -88,7 +88,7 @@ class Sessions:
 
     def unsealed(self, session: Session, text: str, seal: str | None) -> bool:
         """Whether ``seal`` is ``session``'s seal of ``text`` (a crafted or another session's link is not)."""
-        return bool(seal) and hmac.compare_digest(self.seal(session, text), str(seal))
+        return bool(seal) and hmac.compare_digest(self.seal(session, text).encode(), _utf8(str(seal)))
 
     def csrf_token(self, session: Session) -> str:
         """The CSRF token of ``session`` (the same for all its forms and tabs)."""
@@ -96,10 +96,15 @@ class Sessions:
 
     def csrf_ok(self, session: Session, candidate: str | None) -> bool:
         """Whether ``candidate`` is the CSRF token of ``session`` (constant time)."""
-        return bool(candidate) and hmac.compare_digest(self.csrf_token(session), str(candidate))
+        return bool(candidate) and hmac.compare_digest(self.csrf_token(session).encode(), _utf8(str(candidate)))
 
     def _mac(self, payload: str) -> str:
         return hmac.new(self._session_key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as bytes to compare in constant time (``compare_digest`` refuses non-ASCII strings)."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 def cross_site(sec_fetch_site: str | None, origin: str | None, host: str | None) -> bool:
