@@ -197,3 +197,36 @@ async def test_retention_never_reopens_a_slot_that_lasts_longer_than_the_key_kee
     assert [r[1] for r in rows(dsn)] == [current.key]
     assert await store.enqueue_many(due_jobs(monthly, now, UTC)) == []  # the slot ran: not again
     assert ids[1] is not None
+
+
+async def test_ctx_enqueue_of_an_existing_key_returns_none_and_logs_the_job(
+    dsn: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inside a handler (ctx.enqueue through insert_jobs_sync): the id, then None and one
+    info line naming the job that has the kind and key; another kind gets its own job."""
+    app = App()
+    answers: list[int | None] = []
+
+    @app.handler("orders.digest")
+    async def digest(ctx: HandlerContext, job: Job) -> None:
+        answers.append(await ctx.enqueue("orders.mail", {}, key="digest:1"))
+        answers.append(await ctx.enqueue("orders.mail", {}, key="digest:1"))
+        answers.append(await ctx.enqueue("orders.sms", {}, key="digest:1"))
+
+    @app.handler("orders.mail")
+    async def mail(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    @app.handler("orders.sms")
+    async def sms(ctx: HandlerContext, job: Job) -> None:
+        pass
+
+    caplog.set_level(logging.INFO, logger="autom.enqueue")
+    async with open_testbed(app, database_url=dsn) as bed:
+        run = await bed.run_job("orders.digest")
+    assert run.status == "done"
+    first, again, other = answers
+    assert first is not None and again is None and other is not None and other != first
+    assert [r.getMessage() for r in caplog.records if r.name == "autom.enqueue"] == [
+        f"job not enqueued: kind orders.mail key 'digest:1' exists as job {first}"]
+    assert [(j.kind, j.key) for j in run.enqueued] == [("orders.mail", "digest:1"), ("orders.sms", "digest:1")]
