@@ -300,6 +300,18 @@ def recipient_of(prefix: str, value: object) -> str | None:
     return None if key is None else f"{prefix}:{key}"
 
 
+def _sha256_problem(value: str, header: str) -> str:
+    """What is wrong with a ``sha256=<hex>`` header none of whose entries is well-formed (for the 401 log)."""
+    for entry in value.split(","):
+        scheme, sep, hexdigest = entry.strip().partition("=")
+        if sep and scheme.strip().lower() == "sha256":
+            digits = hexdigest.strip()
+            if not re.fullmatch(r"[0-9a-fA-F]*", digits):
+                return f"{header} header's sha256 signature is not hex"
+            return f"{header} header's sha256 signature has {len(digits)} hex digits, not 64"
+    return f"{header} header has no sha256=<hex> signature"
+
+
 def verify_sha256_header(headers: Headers, body: bytes, secret: bytes, header: str, sender: str) -> None:
     """The ``<header>: sha256=<hex HMAC-SHA256 of the raw body>`` scheme (site, GitHub).
 
@@ -308,6 +320,6 @@ def verify_sha256_header(headers: Headers, body: bytes, secret: bytes, header: s
     value = required_header(headers, header)
     digests = prefixed_hex_digests(value, "sha256", header)
     if not digests:
-        raise VerificationError(f"{header} header has no sha256=<hex> signature")
+        raise VerificationError(_sha256_problem(value, header))
     if not any_digest_matches(hmac_sha256(secret, body), digests):
         raise VerificationError(f"{sender} signature does not match")

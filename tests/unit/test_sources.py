@@ -297,6 +297,22 @@ class TestSiteVerify:
         with pytest.raises(VerificationError):
             SITE.verify({"x-signature": signature}, self.BODY, NOW)
 
+    @pytest.mark.parametrize(
+        ("signature", "said"),
+        [
+            ("sha256=" + "0" * 63, "x-signature header's sha256 signature has 63 hex digits, not 64"),
+            ("sha256=" + "a" * 128, "x-signature header's sha256 signature has 128 hex digits, not 64"),
+            ("sha256=", "x-signature header's sha256 signature has 0 hex digits, not 64"),
+            ("sha256=" + "z" * 64, "x-signature header's sha256 signature is not hex"),
+            ("sha1=" + "0" * 40, "x-signature header has no sha256=<hex> signature"),
+            ("sha256=" + "0" * 64, "site signature does not match"),
+        ],
+    )
+    def test_each_refusal_says_what_was_wrong(self, signature: str, said: str) -> None:
+        with pytest.raises(VerificationError) as caught:
+            SITE.verify({"x-signature": signature}, self.BODY, NOW)
+        assert str(caught.value) == said
+
     def test_missing_header_is_rejected(self) -> None:
         with pytest.raises(VerificationError):
             SITE.verify({}, self.BODY, NOW)
@@ -345,6 +361,30 @@ class TestSiteDedupAndParse:
         assert (job.kind, job.key, job.payload) == ("site.form", "site:f-1", body)
         assert job.recipient == "site:a@example.com"  # one sender's forms one at a time, in order
         assert_storable(parsed)
+
+    FORM: ClassVar[dict[str, str]] = {"content-type": "application/x-www-form-urlencoded; charset=UTF-8"}
+
+    def test_a_form_is_an_object_of_strings(self) -> None:
+        body = "id=f-2&email=A%40example.com&name=Ada+L%C3%B6w&empty=&flag&n=1&n=2"
+        assert SITE.dedup_key(self.FORM, body.encode()) == "f-2"
+        parsed = SITE.parse(self.FORM, body)
+        [job] = parsed.jobs
+        assert job.payload == {"id": "f-2", "email": "A@example.com", "name": "Ada Löw", "empty": "", "flag": "",
+                               "n": "2"}  # a field given twice keeps its last value
+        assert (parsed.dedup_key, job.key, job.recipient) == ("f-2", "site:f-2", "site:a@example.com")
+        assert_storable(parsed)
+
+    def test_a_form_is_read_as_a_form_only_when_the_content_type_says_so(self) -> None:
+        with pytest.raises(ParseError):
+            SITE.parse({}, "id=f-2")  # JSON by default, as before
+        assert SITE.parse({"content-type": "application/json"}, '{"id": 1}').dedup_key == "1"
+        assert SITE.parse(self.FORM, "").jobs[0].payload == {}
+
+    def test_a_form_with_a_nul_is_not_parsed_and_has_no_dedup_key(self) -> None:
+        with pytest.raises(ParseError, match="NUL"):
+            SITE.parse(self.FORM, "id=1&a=%00")
+        assert SITE.dedup_key(self.FORM, b"id=1&a=%00") is None
+        assert SITE.dedup_key(self.FORM, b"id=\xff") is None  # not UTF-8
 
     def test_long_ids_are_hashed_into_a_bounded_key(self) -> None:
         body = json.dumps({"id": "x" * 5000})
