@@ -2,9 +2,10 @@
 driven by Selenium against the whole service (HTTP, workers, a Telegram stub on 127.0.0.1).
 
 What a person does: log in, find the failed job, open it, press Retry and see it done;
-replay an event; cancel a pending job. What must not happen: a payload's ``<script>`` or
-``<img onerror>`` running, a form posted without its CSRF token being obeyed, a page
-shown without a session.
+replay an event; cancel a pending job; log in while someone guesses tokens from many
+addresses. What must not happen: a payload's ``<script>`` or ``<img onerror>`` running,
+a form posted without its CSRF token being obeyed, a page shown without a session (also
+with a cookie put back after logout).
 
 ``.ci/run`` installs Chromium and its driver when they are missing. Where no browser can
 be had these tests skip, saying why. With ``AUTOM_CONSOLE_SCREENSHOTS=<folder>`` the
@@ -28,6 +29,7 @@ import httpx
 import pytest
 import trio
 
+from tests.support.http_app import client_at
 from tests.support.service import (
     ADMIN_TOKEN,
     post_telegram,
@@ -296,7 +298,35 @@ async def test_every_page_without_a_session_goes_to_the_login(
         await browser.do(lambda d: d.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN))
         await browser.press("Log in")
         assert (await browser.path()) == f"/ui/jobs/{job_id}"
-        # and logging out ends it
+        # and logging out ends it, on the server: the cookie put back (copied before) is no session
+        cookie = await browser.do(lambda d: d.get_cookie("autom_console"))
+        assert cookie is not None
         await browser.press("Log out")
         await browser.open("/ui/")
         assert (await browser.path()).startswith("/ui/login")
+        await browser.do(lambda d: d.add_cookie({k: v for k, v in cookie.items() if k != "expiry"}))
+        await browser.open("/ui/jobs")
+        assert (await browser.path()).startswith("/ui/login")
+
+
+async def test_wrong_logins_from_many_addresses_do_not_stop_the_right_token(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, _client, svc):
+        # an attacker on many addresses (127.0.0.2-13: other clients to the server, as other
+        # machines would be): 5 wrong tokens from each, and one address past the lockout
+        for n in range(2, 14):
+            async with client_at(svc.urls[0], f"127.0.0.{n}") as attacker:
+                for _ in range(21 if n == 2 else 5):
+                    response = await attacker.post("/ui/login", data={"token": "guess"})
+                    assert response.status_code == 401
+                locked = await attacker.post("/ui/login", data={"token": ADMIN_TOKEN})
+                assert locked.status_code == (429 if n == 2 else 303), n
+        # the operator's browser (127.0.0.1): a typo is refused, the right token gets in
+        await browser.open("/ui/login")
+        await browser.do(lambda d: d.find_element(By.NAME, "token").send_keys("not-" + ADMIN_TOKEN))
+        await browser.press("Log in")
+        assert "That is not the ADMIN_TOKEN." in await browser.text()
+        await browser.login()
+        await browser.follow("Failed")
+        assert (await browser.path()) == "/ui/jobs?status=failed"
