@@ -1,8 +1,8 @@
 """The schedule ticker: at start and every 30 s, enqueue each schedule's current slot.
 
-The job key is ``kind:slot``, so however many replicas tick, a slot becomes one
-job; a slot missed while the service was down is enqueued as soon as it is back
-within the same period.
+The job key is ``kind:slot`` (keys are unique per kind), so however many replicas
+tick, a slot becomes one job; a slot missed while the service was down is enqueued
+as soon as it is back within the same period.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def lease_generation(lease: int) -> int:
 class NewJob:
     """A job to enqueue.
 
-    ``key``: a job with the same key is created once (``None`` = always create).
+    ``key``: a job of this kind with the same key is created once (``None`` = always create).
     ``recipient``: jobs of one recipient run one at a time, in the order they were queued
     (``run_at``, then creation; a job waiting for its retry keeps its place and holds the
     later ones back), and recipients are served fairly (a Telegram chat id, for example).

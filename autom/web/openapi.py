@@ -150,7 +150,7 @@ _SCHEMAS: dict[str, Any] = {
             "run_at": {**_TIME, "description": "When it is (or was) due."},
             "locked_until": _nullable({**_TIME, "description": "Lease end of the current claim."}),
             "last_error": _nullable({"type": "string"}),
-            "key": _nullable({"type": "string", "description": "A job with a key is created once."}),
+            "key": _nullable({"type": "string", "description": "A job with a key is created once per kind."}),
             "event_id": _nullable({"type": "integer", "description": "The event it came from."}),
             "recipient": _nullable({"type": "string", "description": "Its jobs run one at a time, in order."}),
             "payload": {"type": "object"},
