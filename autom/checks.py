@@ -3,9 +3,10 @@
 Every external call (the Telegram Bot API today) ends in one of three ways, and
 the queue needs to know which:
 
-* ``check(response, what)``: 2xx passes; 429 raises ``Retry(after=...)``;
-  another 4xx raises ``PermanentError``; 5xx and anything else (1xx, 3xx: we do
-  not follow redirects) raise ``TransientError``.
+* ``check(response, what)``: 2xx passes; 429 raises ``Retry(after=...)``, and so
+  does an overloaded server's 503 or 529 that says when to come back (a
+  ``Retry-After`` header); another 4xx raises ``PermanentError``; 5xx and anything
+  else (1xx, 3xx: we do not follow redirects) raise ``TransientError``.
 * ``classify_exception(exc, what)``: the call never produced a response
   (timeout, refused connection, broken stream): a ``TransientError``.
 
@@ -59,12 +60,17 @@ def one_line(text: str, limit: int = MAX_DESCRIPTION) -> str:
     return text
 
 
+#: an overloaded server's answers (503 Service Unavailable; 529, some model APIs' "overloaded")
+OVERLOADED = (503, 529)
+
+
 def check(response: httpx.Response, what: str) -> None:
     """Return if ``response`` is a 2xx; otherwise raise the ``JobError`` the queue should act on.
 
     ``what`` names the call for the message (``"telegram sendMessage"``). A 429 raises
     ``Retry`` whose ``after`` comes from the ``Retry-After`` header (seconds or an HTTP
-    date), else from Telegram's JSON ``parameters.retry_after``, else 1 s.
+    date), else from Telegram's JSON ``parameters.retry_after``, else 1 s; a 503 or 529
+    with a ``Retry-After`` header raises ``Retry`` after it (without one: ``TransientError``).
     """
     status = response.status_code
     if 200 <= status < 300:
@@ -73,6 +79,10 @@ def check(response: httpx.Response, what: str) -> None:
     message = f"{what}: HTTP {status} {_description(response, body)}"
     if status == 429:
         raise Retry(message, after=retry_after_seconds(response, body=body))
+    if status in OVERLOADED and response.headers.get("retry-after") is not None:
+        after = _parse_retry_after(response.headers["retry-after"].strip(), datetime.now(UTC))
+        if after is not None:
+            raise Retry(message, after=after)
     if 400 <= status < 500:
         raise PermanentError(message)
     raise TransientError(message)

@@ -250,6 +250,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the updates the telegram source makes jobs of (autom/sources/telegram.py): what setWebhook asks for
+TELEGRAM_UPDATES = ("message", "edited_message", "callback_query", "my_chat_member")
+
+
 def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
     """``autom telegram set-webhook URL``: register the webhook with our secret token."""
     settings = _settings(["TELEGRAM_BOT_TOKEN", "TELEGRAM_WEBHOOK_SECRET"])
@@ -268,7 +272,7 @@ def cmd_telegram_set_webhook(args: argparse.Namespace) -> int:
             # max_connections is Telegram's own throttle of its deliveries to us: the
             # intake does not rate-limit Telegram by address (README, Admission)
             return await telegram.call(
-                "setWebhook", url=url, secret_token=secret, allowed_updates=["message"],
+                "setWebhook", url=url, secret_token=secret, allowed_updates=list(TELEGRAM_UPDATES),
                 max_connections=settings.telegram_max_connections,
             )
 

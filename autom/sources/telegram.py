@@ -168,10 +168,10 @@ def _member_job(update_id: object, dedup: str | None, member: object) -> NewJob:
 def _callback_job(update_id: object, dedup: str | None, query: object) -> NewJob:
     """The ``telegram.callback`` job of a ``callback_query`` update: a button pressed.
 
-    Payload ``{"update_id", "id", "data", "chat_id", "message_id", "from"}``: ``id`` the
-    query's (for answerCallbackQuery), ``data`` the button's callback data (None for a
-    game's), ``chat_id`` and ``message_id`` those of the message with the button (None for
-    an inline-mode message), ``from`` the presser as Telegram sent it. Recipient
+    Payload ``{"update_id", "id", "data", "chat_id", "message_id", "message_text", "from"}``:
+    ``id`` the query's (for answerCallbackQuery), ``data`` the button's callback data (None
+    for a game's), ``chat_id``, ``message_id`` and ``message_text`` those of the message with
+    the button (None for an inline-mode message), ``from`` the presser as Telegram sent it. Recipient
     ``<chat>:cb``: the chat's presses one at a time, in order, apart from its messages.
     """
     if not isinstance(query, dict):
@@ -187,6 +187,7 @@ def _callback_job(update_id: object, dedup: str | None, query: object) -> NewJob
         raise ParseError("telegram callback_query has no from.id")
     chat_id: int | None = None
     message_id: int | None = None
+    message_text: str | None = None
     message = query.get("message")
     if message is not None:
         chat = message.get("chat") if isinstance(message, dict) else None
@@ -195,12 +196,15 @@ def _callback_job(update_id: object, dedup: str | None, query: object) -> NewJob
         if not _is_int(message.get("message_id")):
             raise ParseError("telegram callback_query message has no integer message_id")
         chat_id, message_id = chat["id"], message["message_id"]
+        text = message.get("text")
+        message_text = text if isinstance(text, str) else None
     payload: dict[str, Any] = {
         "update_id": update_id,
         "id": query_id,
         "data": data,
         "chat_id": chat_id,
         "message_id": message_id,
+        "message_text": message_text,
         "from": sender,
     }
     recipient = None if chat_id is None else f"{chat_id}{CALLBACK_LINE}"

@@ -24,7 +24,8 @@ the slot of a schedule that is due at ``at``, with the ticker's key and payload.
 External APIs your handlers call are faked at the network edge:
 ``running_http_stub()`` serves a recording JSON API on 127.0.0.1; point your
 handler's URL setting at its ``url`` (the example project's tests do this for
-its CRM).
+its CRM); ``running_model_stub()`` is an OpenAI-compatible chat-completions API
+whose refusals (429, overloaded) are scripted.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from autom.schedule import process_zone
 from autom.sources.base import hmac_sha256
 from autom.telegram import TelegramClient
 from autom.testing.http_stub import HttpStub, running_http_stub
+from autom.testing.model_stub import ModelStub, running_model_stub
 from autom.testing.telegram_stub import Reply, TelegramStub, running_stub
 from autom.ticker import due_jobs
 from autom.worker import WorkerPool
@@ -65,12 +67,14 @@ __all__ = [
     "EnqueuedJob",
     "HttpStub",
     "JobRun",
+    "ModelStub",
     "Reply",
     "TelegramStub",
     "Testbed",
     "hmac_signature",
     "open_testbed",
     "running_http_stub",
+    "running_model_stub",
     "running_stub",
 ]
 

@@ -20,7 +20,9 @@ Routes:
 * ``POST /bot{token}/{method}``: recorded (method, token, params, time), then
   answered by the next planned ``Reply`` for (method, chat_id), else for method,
   else 200 with a plausible result (sendMessage: a Message with increasing
-  ``message_id``; editMessageText: the edited Message; answerCallbackQuery: true).
+  ``message_id``; editMessageText: the edited Message; answerCallbackQuery: true,
+  and, as Telegram, 400 "query is too old ... or query ID is invalid" to a second
+  answer to one query).
   Params are read from JSON, a form body or the query string.
 * ``POST /_stub/plan``: ``{"method": "sendMessage", "chat_id": 42 (optional),
   "replies": [{"status": 502}, {"status": 429, "retry_after": 2}, {"hang": true}]}``.
@@ -53,6 +55,9 @@ from hypercorn.trio import serve
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Telegram's answer to a second answerCallbackQuery of one query (or one too late)
+ANSWERED_TWICE = "Bad Request: query is too old and response timeout expired or query ID is invalid"
 
 _METHOD_PATH = re.compile(r"/bot([^/]+)/([A-Za-z0-9_]+)/?")
 
@@ -112,6 +117,7 @@ class TelegramStub:
         self.calls: list[Call] = []
         self._plans: dict[tuple[str, str | None], deque[Reply]] = defaultdict(deque)
         self._next_message_id = 1
+        self._answered: set[str] = set()
         self._changed = trio.Event()
         self._held: set[trio.CancelScope] = set()
 
@@ -202,6 +208,11 @@ class TelegramStub:
             queue = self._plans.get(key)
             if queue:
                 return queue.popleft()
+        if method.lower() == "answercallbackquery":
+            query_id = str(params.get("callback_query_id"))
+            if query_id in self._answered:
+                return Reply(status=400, description=ANSWERED_TWICE)
+            self._answered.add(query_id)
         return Reply()
 
     async def _answer(self, reply: Reply, method: str, params: dict[str, Any], send: Send) -> None:

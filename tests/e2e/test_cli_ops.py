@@ -319,6 +319,7 @@ async def test_set_webhook_registers_url_and_secret(telegram_stub, tmp_path):
     call = telegram_stub.calls_of("setWebhook")[0]
     assert call.params["url"] == "https://hooks.example.com/hooks/telegram"
     assert call.params["secret_token"] == TG_SECRET
+    assert call.params["allowed_updates"] == ["message", "edited_message", "callback_query", "my_chat_member"]
     assert "42:ABC" not in result.stdout + result.stderr
 
 

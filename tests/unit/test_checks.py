@@ -207,3 +207,18 @@ def test_classify_passes_job_errors_through_and_invalid_url_is_permanent() -> No
     assert isinstance(classify_exception(httpx.InvalidURL(f"bad {URL}"), "t"), PermanentError)
     other = classify_exception(RuntimeError(f"odd {URL}"), "t")
     assert type(other) is TransientError and TOKEN not in str(other)
+
+
+@pytest.mark.parametrize(("status", "headers", "error", "after"), [
+    (503, {"Retry-After": "7"}, Retry, 7.0),
+    (529, {"Retry-After": "2"}, Retry, 2.0),
+    (503, {}, TransientError, None),
+    (503, {"Retry-After": "soon"}, TransientError, None),
+    (502, {"Retry-After": "7"}, TransientError, None),
+])
+def test_an_overloaded_server_that_says_when_is_retried_then(status: int, headers: dict[str, str],
+                                                             error: type[Exception], after: float | None) -> None:
+    with pytest.raises(error) as info:
+        check(response(status, {"error": {"type": "overloaded_error"}}, headers), "model")
+    if after is not None:
+        assert info.value.after == after  # type: ignore[attr-defined]

@@ -180,7 +180,8 @@ class TestTelegramDedupAndParse:
         [job] = parsed.jobs
         assert (job.kind, job.key, job.recipient) == ("telegram.callback", "telegram:1001", "-100123:cb")
         assert job.payload == {"update_id": 1001, "id": "4382bfdwdsb323b2d9", "data": "take:17",
-                               "chat_id": -100123, "message_id": 7, "from": CALLBACK["from"]}
+                               "chat_id": -100123, "message_id": 7, "message_text": "card",
+                               "from": CALLBACK["from"]}
         assert_storable(parsed)
 
     def test_callback_of_an_inline_message_has_no_chat(self) -> None:
