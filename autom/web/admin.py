@@ -32,7 +32,8 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 
 Every query parameter is checked (``autom.web.params``): an unknown one, one
 given twice or a malformed value is 400 naming it, never silently ignored; an
-empty value counts as not given.
+empty value counts as not given. So is every field of a JSON body (``json_fields``):
+a POST that takes none accepts an empty body or ``{}``.
 
 A path id must be a positive integer that fits PostgreSQL's ``bigint`` (ASCII
 digits only: ``int()`` would also take "١٢", " 7" or "1_0"); anything else is
@@ -111,6 +112,11 @@ def admin_blueprint(deps: Deps) -> Blueprint:
 def query(spec: Mapping[str, p.Parser]) -> dict[str, Any]:
     """This request's query parameters checked against ``spec`` (``BadParameter`` otherwise)."""
     return p.parse_query(request.args.items(multi=True), spec)
+
+
+async def no_fields() -> None:
+    """A POST that takes no JSON field: an empty body or ``{}``; any field is unknown (``BadParameter``)."""
+    json_fields(await request.get_data(True, False, False), NONE)
 
 
 class Admin:
@@ -269,6 +275,7 @@ class Admin:
     async def _kind(self, raw: str, *, pause: bool) -> Response:
         try:
             query(NONE)
+            await no_fields()
             kind = p.text("kind", raw)
         except BadParameter as exc:
             return error_response(400, str(exc))
@@ -296,6 +303,8 @@ class Admin:
         """Parse the path id (400 if malformed), then answer ``op(id)``."""
         try:
             query(NONE)
+            if request.method == "POST":
+                await no_fields()
             ident = parse_id(raw, what)
         except BadParameter as exc:
             return error_response(400, str(exc))

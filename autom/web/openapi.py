@@ -53,10 +53,12 @@ _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying ag
                                 "schema": {"type": "integer", "minimum": 1}}}
 _LOCKED_OUT = _error("This client was refused (401) more than 20 times within 10 s: it is refused for 60 s, "
                      "whatever token it sends (every other client is not).", _RETRY_AFTER)
-_BAD_ID = _error("The id is not a positive integer that fits a bigint, or a query parameter was given.")
+_BAD_ID = _error("The id is not a positive integer that fits a bigint, a query parameter was given, or a POST's "
+                 "body is neither empty nor `{}`.")
 _SECURITY: list[dict[str, list[str]]] = [{"adminToken": []}]
 _NO_QUERY = _error("This route takes no query parameter.")
-_BAD_KIND = _error("A kind that is not printable text of at most 200 characters, or a query parameter.")
+_BAD_KIND = _error("A kind that is not printable text of at most 200 characters, a query parameter, or a body "
+                   "neither empty nor `{}`.")
 _NAME = {"type": "string", "maxLength": MAX_NAME}
 _ID = {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID}
 _SINCE = {"type": "string", "description": "ISO 8601 (2026-12-01T09:30:00Z) or an age: 90s, 30m, 6h, 7d."}

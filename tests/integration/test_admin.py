@@ -483,8 +483,10 @@ async def test_a_query_the_database_refuses_to_finish_is_503_in_one_line(dsn: st
 
 
 async def test_admin_answers_are_json_even_for_bodies_and_odd_methods(app: RunningApp) -> None:
-    # a body on a POST is ignored (nothing to send); odd methods get a JSON 405
+    # a body on a POST that takes no field is a 400 unless it is empty or {}; odd methods get a JSON 405
     response = await app.client.post("/admin/jobs/1/retry", headers=AUTH, content=b"\xff\x00 garbage")
+    assert (response.status_code, response.headers["content-type"]) == (400, "application/json")
+    response = await app.client.post("/admin/jobs/1/retry", headers=AUTH, content=b"{}")
     assert (response.status_code, response.headers["content-type"]) == (404, "application/json")
     response = await app.client.delete("/admin/jobs/1", headers=AUTH)
     assert response.status_code == 405 and "error" in response.json()

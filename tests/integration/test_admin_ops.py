@@ -116,6 +116,18 @@ async def test_bulk_retry_honours_its_json_body_and_refuses_unknown_fields(app: 
     assert await failed() == {a2}
 
 
+async def test_a_post_that_takes_no_field_refuses_a_body_with_one(app: RunningApp, db: Any) -> None:
+    job = await insert_job(db, kind="a", status="failed", attempts=8)
+    for path in (f"/admin/jobs/{job}/retry", f"/admin/jobs/{job}/cancel", "/admin/kinds/a/pause"):
+        for body in (b'{"run_at": "now"}', b"[1]", b"not json"):
+            refused = await app.client.post(path, content=body, headers=AUTH)
+            assert refused.status_code == 400, (path, body, refused.text)
+    assert await db.fetch_val("select status from jobs where id = %s", [job]) == "failed"
+    assert await db.fetch_val("select count(*) from paused_kinds") == 0
+    assert (await app.client.post(f"/admin/jobs/{job}/retry", json={}, headers=AUTH)).status_code == 200
+    assert (await app.client.post("/admin/kinds/a/pause", headers=AUTH)).status_code == 200
+
+
 async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:
     from autom.ops import Operations
 
