@@ -75,6 +75,19 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return dev.run(settings, app=app)
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """``autom init DIR``: write a new project of the user's own into DIR (see autom/scaffold.py)."""
+    from pathlib import Path
+
+    from autom.scaffold import create_project
+
+    project = create_project(Path(args.dir))
+    print(f"created {project.folder}: {project.module}.py (a form source, two handlers, a daily schedule), "
+          "migrations/, tests/, .env.example, .env, README.md")
+    print(f"next: cd {project.folder} and follow README.md (install, then autom dev; python -m pytest)")
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``autom migrate``: apply pending migrations (autom's, then the App's own) and exit."""
     from autom.db.bridge import open_database
@@ -402,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
                   examples=["DATABASE_URL=postgresql://autom@db.example/autom autom migrate",
                             "autom migrate --app shop_automations:app   # your App(migrations=...) too"])
     migrate.add_argument("--app", metavar="MODULE:ATTR", help=app_help)
+    init = add("init", cmd_init, "write a new project of your own into DIR: an app module with a source, "
+               "handlers and a schedule, its tests, .env.example and a README",
+               reads="none (it only writes files)",
+               examples=["autom init my-automations && cd my-automations"])
+    init.add_argument("dir", metavar="DIR", help="the new project's directory (new, or empty)")
     failed = add("failed", cmd_failed, "list the latest failed jobs", reads=_DATABASE_ONLY,
                  examples=["autom failed --limit 50", "autom failed --json | jq '.[].id'"])
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
