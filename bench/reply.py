@@ -184,6 +184,21 @@ def db_stamps(dsn: str) -> dict[int, tuple[float, float]]:
     return {int(r[0]): (r[1], r[2]) for r in rows}
 
 
+def drain_first(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    """--drained N: N no-op jobs enqueued and drained by drain.py's worker in this database, first."""
+    from drain import enqueue, run_worker
+
+    recipients = args.drained_recipients
+    enqueue(dsn, [(args.drained, (lambda i: f"r{i % recipients}") if recipients else (lambda i: None))], 1000)
+    opts = argparse.Namespace(dsn_options=None, batch=None, pool_kwargs=None, variant=args.variant, py_spy=None,
+                              out=args.out, workers=16, timeout=300.0)
+    res = run_worker(dsn, opts, args.drained, "drained")
+    if res.get("failed") or res.get("handled") != args.drained:
+        raise RuntimeError(f"the drain before the series failed: {res}")
+    log(f"drained {args.drained} jobs ({recipients or 'no'} recipients) in {res['drain_s']:.1f} s first")
+    return {"jobs": args.drained, "recipients": recipients, "drain_s": res["drain_s"]}
+
+
 def done_jobs(dsn: str) -> int:
     import psycopg
 
@@ -260,7 +275,7 @@ async def measure(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str,
                         senders.start_soon(burst_sender, k, range(first + k, total + 1, args.burst_senders))
                 result["burst_answered_s"] = time.monotonic() - started
                 with trio.fail_after(max(args.timeout, 120)):
-                    while await trio.to_thread.run_sync(done_jobs, dsn) < total:  # noqa: ASYNC110 (polls the database)
+                    while await trio.to_thread.run_sync(done_jobs, dsn) < total + args.drained:  # noqa: ASYNC110 (polls the database)
                         await trio.sleep(0.2)
                 result["burst_done_s"] = time.monotonic() - started
                 nursery.cancel_scope.cancel()
@@ -281,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         with bench_database(args.admin_dsn, "bench_reply", keep=args.keep_db) as dsn:
+            drained = drain_first(dsn, args) if args.drained else None
             res = trio.run(measure, args, dsn, folder)
             stamps = db_stamps(dsn)
         sent = res.pop("sent")
@@ -290,13 +306,14 @@ def run(args: argparse.Namespace) -> int:
 
         rec = {"system": "autom", "test": "reply", "variant": args.variant, "n": len(sent), "gap_ms": args.gap_ms,
                "autom_src": str(Path(autom.__file__).parent),
-               "workers": args.workers, **summary(parts["reply"]),
+               "workers": args.workers, "drained": drained, **summary(parts["reply"]),
                "parts_p50_ms": {k: statistics.median(v) for k, v in parts.items()},
                "parts_p99_ms": {k: pct(v, 99) for k, v in parts.items()},
                "reconnects": res["reconnects"], "load_1min": load}
         emit(rec, args.out)
         p50 = rec["parts_p50_ms"]
-        log(f"autom reply: p50 {rec['p50_ms']:.2f} ms, p99 {rec['p99_ms']:.2f} ms (min {rec['min_ms']:.2f}, "
+        who = "autom reply after a drain" if drained else "autom reply"
+        log(f"{who}: p50 {rec['p50_ms']:.2f} ms, p99 {rec['p99_ms']:.2f} ms (min {rec['min_ms']:.2f}, "
             f"max {rec['max_ms']:.2f}); p50 from the POST: answered {p50['answered']:.2f}, stored "
             f"{p50['stored']:.2f}, claimed {p50['claimed']:.2f}, claim → reply {p50['claim_to_reply']:.2f}; "
             f"reconnects {res['reconnects']}; load {load:.2f}")
@@ -336,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-senders", type=int, default=16)
     parser.add_argument("--settle", type=float, default=2.0, help="idle seconds before each RSS reading")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds one reply may take")
+    parser.add_argument("--drained", type=int, default=0,
+                        help="first drain this many no-op jobs in the same database (drain.py's worker): "
+                             "the series then runs among that many finished jobs")
+    parser.add_argument("--drained-recipients", type=int, default=0,
+                        help="the drained jobs' recipients (0: none, N: r0..rN-1 in turn)")
     parser.add_argument("--variant", default=None, help="which autom this is (see drain.py --variant)")
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
