@@ -17,12 +17,15 @@ would be in separate transactions. If the batch fails because the database is
 unreachable, nothing of it is stored and every delivery of it gets a 503; if it
 fails for any other reason (a deadlock, say, or one delivery PostgreSQL
 refuses), each delivery is stored on its own, as without batching, and gets its
-own answer. A hop whose connection drops after the statement was sent, or that is
-cancelled at its deliveries' deadline, may have committed all the same: its commit
-record (a token written with it) tells, so stored deliveries get their 202, not a
-503 that would make a sender without an event id deliver again
-(``StoreBatcher._committed``). A delivery still queued at its deadline, or whose
-sender left, leaves the queue: nothing of it was sent to the database.
+own answer. A hop is cut off (cancelled on the server) ``FATE_SECONDS`` before its
+first deadline, and its statement carries the cut-off: a server that gets to it later
+(it was stopped) stores nothing. What a hop cut off or whose connection dropped did is
+read from its commit record (a token written with it, ``StoreBatcher._committed``) by
+the deadline: 202 for what it stored, 503 for what it did not. Unknown by then only if
+the server started the statement before the cut-off and stopped before answering:
+503, and it may commit when the server resumes (a sender's retry is then a duplicate,
+recognised by a dedup key). A delivery still queued when too little time is left, or
+whose sender left, leaves the queue: nothing of it was sent to the database.
 
 Hand-off (``HandOff``): when the worker pool of this process is idle (``ready``),
 a lone delivery's hop stores its job already claimed by this process, in the same
@@ -61,6 +64,7 @@ from trio.testing import wait_all_tasks_blocked
 
 from autom.checks import one_line
 from autom.db.bridge import Database, Row
+from autom.db.native import stop_by
 from autom.db.queries import Q
 from autom.errors import Conflict, DatabaseUnavailable, NotFound
 from autom.jobs.models import Job, NewJob
@@ -84,15 +88,26 @@ ENCODE_IN_THREAD_CHARS = 64 * 1024
 #: Longest a hop's leader waits for the event loop to have nothing else to do before it
 #: starts the hop (``StoreBatcher``): the deliveries the loop is working on then join it.
 GATHER_SECONDS = 0.002
-#: How long a hop whose connection dropped tries to find out whether it committed.
-SETTLE_SECONDS = 3.0
-#: Longest a batch's hop may take; it runs shielded from the cancellation of the request
-#: that leads it (that sender gave up, the others did not). Beyond it the hop is cancelled
-#: and its commit record decides: 202 for what it stored, 503 for the rest.
+#: The part of a delivery's deadline kept for learning what its hop did: the hop is cut off
+#: (cancelled on the server) this long before its earliest delivery's deadline, and a server
+#: that gets to the statement only after the cut-off stores nothing (``StoreBatcher``). The
+#: cancel's answer gets ``CANCEL_SECONDS`` of it, the commit record the rest.
+FATE_SECONDS = 2.0
+#: Longest a cut-off hop waits for its cancelled statement to stop before it closes the connection.
+CANCEL_SECONDS = 1.0
+#: Least time before its hop's cut-off a delivery must have to be sent at all: one with less
+#: (it waited behind a stuck hop) gets its 503 at once, nothing of it sent.
+MIN_HOP_SECONDS = 0.5
+#: Longest a hop may take when its deliveries have no deadline (``store``'s default).
 BATCH_HOP_SECONDS = 10.0
-#: Least time a hop gets, also when a delivery in it is at its deadline already (``store``).
-MIN_HOP_SECONDS = 1.0
 
+
+#: Why a delivery got its 503: it waited for a hop until too late to be sent (nothing was sent);
+#: the server got to its hop only after the cut-off (nothing stored); no answer by its deadline.
+WAITED = "the delivery waited for the database until its deadline"
+TOO_LATE = "the database got to the delivery only after its cut-off: nothing stored"
+UNANSWERED = ("the database did not answer by the delivery's deadline (stored only if the server had started"
+              " it before the cut-off)")
 
 #: What ``StoreBatcher.store`` may wait on besides its turn: returns once the sender is gone.
 Gone = Callable[[], Awaitable[object]]
@@ -150,12 +165,13 @@ WOKEN, DEADLINE, GONE = 0, 1, 2
 class _Delivery:
     """One delivery waiting in a ``StoreBatcher``: its parameters, then its outcome."""
 
-    __slots__ = ("_event", "_waiting", "alone", "deadline", "departed", "error", "lead", "left", "outcome",
-                 "params", "taken", "woken")
+    __slots__ = ("_event", "_waiting", "alone", "deadline", "departed", "error", "expired", "lead", "left",
+                 "outcome", "params", "send_by", "taken", "woken")
 
     def __init__(self, params: dict[str, Any], deadline: float, left: Left | None = None) -> None:
         self.params = params
         self.deadline = deadline  # trio time by which its sender is to have an answer
+        self.send_by = deadline - FATE_SECONDS - MIN_HOP_SECONDS  # the last moment a hop may take it
         self.left = left  # whether its sender has gone (checked when a hop would take it)
         self.woken = False  # its batch is over, or it is to lead the next one, or it departed
         self._waiting: trio.CancelScope | None = None  # its wait on ``gone``, cancelled to wake it
@@ -163,6 +179,7 @@ class _Delivery:
         self.lead = False  # it runs the next hop (for everyone queued)
         self.taken = False  # it is in a batch (in flight or done)
         self.departed = False  # its sender had gone when a hop would have taken it: withdrawn
+        self.expired = False  # its ``send_by`` had passed when a hop would have taken it: 503, not sent
         self.alone = False  # its batch failed: it is to be stored on its own
         self.outcome: Stored | None = None
         self.error: BaseException | None = None
@@ -227,14 +244,19 @@ class StoreBatcher:
     unless its batch is already in flight: then it is stored all the same, nobody
     hearing of it.
 
-    The ``deadline`` (trio time) bounds the wait: a delivery still queued then leaves
-    the queue with ``DatabaseUnavailable`` (nothing was sent to the database). A hop
-    is cancelled at the earliest deadline of its deliveries (but gets at least
-    ``MIN_HOP_SECONDS``, at most ``BATCH_HOP_SECONDS``); its commit record then tells
-    whether it committed all the same (``_settle``): its deliveries get their outcome
-    if so, ``DatabaseUnavailable`` only if nothing of the hop was stored. So a sender
-    has its answer by about its deadline plus a cancelled statement's grace and
-    ``SETTLE_SECONDS``.
+    The ``deadline`` (trio time) is when the sender is to have its answer. A hop is cut
+    off ``FATE_SECONDS`` before the earliest deadline of its deliveries (at most
+    ``BATCH_HOP_SECONDS`` after it starts): cancelled on the server, and refused by it
+    if it gets to the statement only after the cut-off (the statement compares the
+    cut-off, on the server's clock as the last hop's answer showed it, with
+    ``clock_timestamp()``; the first hop of a batcher has no cut-off on the server).
+    Its commit record then tells whether it committed all the same (``_settle``): its
+    deliveries get their outcome if so, ``DatabaseUnavailable`` if not, or if the
+    database cannot tell by the deadline (then nothing was stored unless the server had
+    started the statement before the cut-off). A delivery that has not been taken by a
+    hop ``MIN_HOP_SECONDS`` before the cut-off it would get leaves the queue with
+    ``DatabaseUnavailable`` (nothing was sent to the database). So every answer comes
+    by the deadline.
 
     A leader does not start its hop at once: it first waits, at most ``gather``
     seconds (``GATHER_SECONDS``), until the event loop has nothing else to do, so the
@@ -258,6 +280,8 @@ class StoreBatcher:
         self._max_bytes = max_bytes
         self._gather = gather
         self._queue: list[_Delivery] = []
+        #: the server's clock minus trio's (seconds), from the last hop's answer (``_until``)
+        self._clock: float | None = None
         self._busy = False  # a hop is in flight, or a leader has been woken to run one
         #: hops run so far (a batch of many is one hop)
         self.hops_run = 0
@@ -289,7 +313,7 @@ class StoreBatcher:
         self._queue.append(delivery)
         try:
             if self._busy:
-                ended = await delivery.wait(None if left is not None else gone, deadline)
+                ended = await delivery.wait(None if left is not None else gone, delivery.send_by)
                 if ended == GONE or delivery.departed:
                     raise SenderGone(sent=delivery.taken)  # withdrawn below unless taken
                 if ended == DEADLINE and delivery.taken:
@@ -305,22 +329,22 @@ class StoreBatcher:
                 # can run and no I/O is ready (the run loop's own idle check). One scope
                 # for the gathering and the delivery's deadline.
                 gathered_by = trio.current_time() + self._gather
-                with trio.CancelScope(deadline=min(gathered_by, deadline)) as gathering:
+                with trio.CancelScope(deadline=min(gathered_by, delivery.send_by)) as gathering:
                     await wait_all_tasks_blocked()
-                if gathering.cancelled_caught and deadline < gathered_by:
+                if gathering.cancelled_caught and delivery.send_by < gathered_by:
                     ended = DEADLINE
         except BaseException:
             self._withdraw(delivery)
             raise
-        if ended == DEADLINE:
-            self._withdraw(delivery)
-            if left is not None and left():
-                raise SenderGone(sent=False)  # nobody to answer the 503
-            raise DatabaseUnavailable("the delivery waited for the database until its deadline")
-        if delivery.lead:
+        if delivery.lead and ended != DEADLINE:
             await self._lead()
             if delivery.departed:  # it led the hop for the others only
                 raise SenderGone(sent=False)
+        if ended == DEADLINE or delivery.expired:
+            self._withdraw(delivery)
+            if left is not None and left():
+                raise SenderGone(sent=False)  # nobody to answer the 503
+            raise DatabaseUnavailable(WAITED)
         if delivery.alone:
             return await self._store_alone(delivery)
         if delivery.error is not None:
@@ -331,12 +355,19 @@ class StoreBatcher:
     async def _lead(self) -> None:
         batch: list[_Delivery] = []
         passed, size = 0, 0  # the queue's head that this hop takes or withdraws
+        now = trio.current_time()
         for delivery in self._queue:
             if len(batch) == self._max_batch:
                 break
             if delivery.left is not None and delivery.left():
                 # its sender has gone (``store``'s ``left``): withdrawn, nothing of it is sent
                 delivery.departed = True
+                delivery.wake()
+                passed += 1
+                continue
+            if delivery.send_by < now:
+                # too little time left for a hop and its fate: 503, nothing of it is sent
+                delivery.expired = True
                 delivery.wake()
                 passed += 1
                 continue
@@ -355,81 +386,98 @@ class StoreBatcher:
         # a hop of one is intake_store with the delivery's own token, a batch's has one of its own
         token = batch[0].params["token"] if len(batch) == 1 else uuid.uuid4().hex
         sent = trio.current_time()  # a job handed off is leased from before its statement was sent
+        cut_off = min(sent + BATCH_HOP_SECONDS, min(d.deadline for d in batch) - FATE_SECONDS)
+        answer_by = cut_off + FATE_SECONDS
+        stopping = stop_by.set(cut_off + CANCEL_SECONDS)
         try:
-            with trio.CancelScope(shield=True) as scope:
-                scope.deadline = _hop_deadline(min(d.deadline for d in batch))
-                await self._hop(batch, token)
+            with trio.CancelScope(shield=True, deadline=cut_off) as scope:
+                await self._hop(batch, token, cut_off, answer_by)
             if scope.cancelled_caught and all(
                     d.outcome is None and d.error is None and not d.alone for d in batch):
                 try:
-                    stored = await self._settle(token, sent)
-                except DatabaseUnavailable as exc:  # nothing of the hop was stored: 503 for each
+                    stored = await self._settle(token, sent, answer_by)
+                except DatabaseUnavailable as exc:  # not stored, or nobody can tell by now: 503 for each
                     for delivery in batch:
                         delivery.error = exc
                 else:
                     for delivery, outcome in zip(batch, stored, strict=True):
                         delivery.outcome = outcome
         finally:
+            stop_by.reset(stopping)
             for delivery in batch:
                 delivery.wake()
             self._hand_over()
 
     async def _store_alone(self, delivery: _Delivery) -> Stored:
         """A delivery of a failed batch, stored by itself: bounded and settled as a hop is."""
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = _hop_deadline(delivery.deadline)
-            return await self._store_one(delivery.params)
-        (outcome,) = await self._settle(delivery.params["token"])
-        return outcome
+        now = trio.current_time()
+        if delivery.send_by < now:
+            raise DatabaseUnavailable(WAITED)
+        cut_off = min(now + BATCH_HOP_SECONDS, delivery.deadline - FATE_SECONDS)
+        answer_by = cut_off + FATE_SECONDS
+        stopping = stop_by.set(cut_off + CANCEL_SECONDS)
+        try:
+            with trio.CancelScope(shield=True, deadline=cut_off):
+                return await self._store_one(delivery.params, self._until(cut_off), answer_by)
+            (outcome,) = await self._settle(delivery.params["token"], 0.0, answer_by)
+            return outcome
+        finally:
+            stop_by.reset(stopping)
 
-    async def _settle(self, token: str, sent: float = 0.0) -> list[Stored]:
-        """After a hop was cancelled at its deadline: the outcomes it committed, else DatabaseUnavailable.
+    async def _settle(self, token: str, sent: float, by: float) -> list[Stored]:
+        """After a hop was cut off: the outcomes it committed, else DatabaseUnavailable (by ``by``).
 
         The hop's statement may have committed before the cancel reached the server;
         its commit record tells (``_committed``), so a stored delivery gets its 202 (and a
         job it handed off, its statement sent at ``sent``, goes to the pool all the same).
         """
         with trio.CancelScope(shield=True):  # its leader's sender may have left meanwhile
-            stored = await self._committed(token)
+            stored = await self._committed(token, by)
             if stored is None:
-                raise DatabaseUnavailable("the database did not store the delivery within its deadline")
-            outcomes = [await self._recorded(record, sent) for record in stored]
+                raise DatabaseUnavailable(UNANSWERED)
+            outcomes = [await self._recorded(record, sent, by) for record in stored]
         return outcomes
 
-    async def _recorded(self, record: Sequence[Any], sent: float) -> Stored:
+    async def _recorded(self, record: Sequence[Any], sent: float, by: float) -> Stored:
         """The outcome a commit record's element tells: ``[pos, event id, jobs]``, and for a
         hand-off hop the handed-off job's ``id, lease`` (NULLs if none), which is then looked
-        up and handed to the pool: it is claimed by this process, whoever else may wait."""
+        up (by ``by``) and handed to the pool: it is claimed by this process, whoever else may wait."""
         _pos, event_id, jobs, *handed = record
         if event_id is None:
             return Stored(None, 0)
         if not handed or handed[0] is None or self._handoff is None:
             return Stored(int(event_id), int(jobs))
-        job = None
-        with contextlib.suppress(DatabaseUnavailable):  # not readable now: its lease runs out, it is claimed again
-            row = await self._db.fetch_one(Q.get_job, {"id": int(handed[0])})
-            if row is not None and row["lease"] == handed[1] and row["status"] == "running":
-                job = _handed_job(row)
-        return Stored(int(event_id), int(jobs), await self._hand(self._handoff, job, sent))
+        count = 0
+        with trio.move_on_at(by):  # not readable by then: its lease runs out, it is claimed again
+            job = None
+            with contextlib.suppress(DatabaseUnavailable):
+                row = await self._db.fetch_one(Q.get_job, {"id": int(handed[0])})
+                if row is not None and row["lease"] == handed[1] and row["status"] == "running":
+                    job = _handed_job(row)
+            count = await self._hand(self._handoff, job, sent)
+        return Stored(int(event_id), int(jobs), count)
 
-    async def _hop(self, batch: list[_Delivery], token: str) -> None:
-        """Store ``batch`` in one hop (``token``: its commit record's); set each one's outcome, error or ``alone``."""
+    async def _hop(self, batch: list[_Delivery], token: str, cut_off: float, by: float) -> None:
+        """Store ``batch`` in one hop (``token``: its commit record's) that the server may start
+        until ``cut_off``; set each one's outcome, error or ``alone`` (a dropped connection
+        is settled by ``by``)."""
+        until = self._until(cut_off)
         if len(batch) == 1:
             (delivery,) = batch
             handoff = self._handoff
             try:
                 if handoff is not None and handoff.ready():
-                    delivery.outcome = await self._store_handing_off(delivery.params, handoff)
+                    delivery.outcome = await self._store_handing_off(delivery.params, handoff, until, by)
                 else:
-                    delivery.outcome = await self._store_one(delivery.params)
+                    delivery.outcome = await self._store_one(delivery.params, until, by)
             except Exception as exc:
                 delivery.error = exc
             return
         try:
             rows = await self._db.fetch_all(Q.intake_store_many, {
-                "items": batch_items(d.params for d in batch), "token": token}, prepare=True)
+                "items": batch_items(d.params for d in batch), "token": token, "until": until}, prepare=True)
         except DatabaseUnavailable as exc:
-            stored = await self._committed(token) if exc.maybe_applied else None
+            stored = await self._committed(token, by) if exc.maybe_applied else None
             if stored is None:
                 for delivery in batch:  # nothing of the batch was stored: 503 for each
                     delivery.error = DatabaseUnavailable(str(exc))
@@ -443,37 +491,53 @@ class StoreBatcher:
             for delivery in batch:
                 delivery.alone = True
             return
+        else:
+            self._learn(rows[0]["at"])
+            if not rows[0]["go"]:
+                for delivery in batch:
+                    delivery.error = DatabaseUnavailable(TOO_LATE)
+                return
         for delivery, row in zip(batch, rows, strict=True):
             event_id = row["event_id"]
             delivery.outcome = Stored(None, 0) if event_id is None else Stored(int(event_id), int(row["jobs_created"]))
 
-    async def _store_one(self, params: dict[str, Any]) -> Stored:
-        """One delivery by itself (``intake_store``), settled by its commit record if the
-        connection drops (``_dropped``)."""
+    async def _store_one(self, params: dict[str, Any], until: float | None, by: float) -> Stored:
+        """One delivery by itself (``intake_store``; the server may start it until ``until``),
+        settled by its commit record (by ``by``) if the connection drops (``_dropped``)."""
+        params["until"] = until
         try:
             row = await self._db.fetch_one(Q.intake_store, params, prepare=True)
         except DatabaseUnavailable as exc:
-            return await self._dropped(exc, params["token"])
-        return Stored(None, 0) if row is None else Stored(int(row["id"]), int(row["jobs"]))
+            return await self._dropped(exc, params["token"], by)
+        assert row is not None  # one row always
+        self._learn(row["at"])
+        if not row["go"]:
+            raise DatabaseUnavailable(TOO_LATE)
+        return Stored(None, 0) if row["id"] is None else Stored(int(row["id"]), int(row["jobs"]))
 
-    async def _dropped(self, exc: DatabaseUnavailable, token: str, sent: float = 0.0) -> Stored:
+    async def _dropped(self, exc: DatabaseUnavailable, token: str, by: float, sent: float = 0.0) -> Stored:
         """A lone delivery's statement failed with ``exc``: if it may have committed, what its
-        commit record (``token``) tells (``_recorded``, a job it handed off included), else ``exc``."""
-        stored = await self._committed(token) if exc.maybe_applied else None
+        commit record (``token``) tells by ``by`` (``_recorded``, a job it handed off included), else ``exc``."""
+        stored = await self._committed(token, by) if exc.maybe_applied else None
         if stored is None:
             raise exc
-        return await self._recorded(stored[0], sent)
+        return await self._recorded(stored[0], sent, by)
 
-    async def _store_handing_off(self, params: dict[str, Any], handoff: HandOff) -> Stored:
+    async def _store_handing_off(self, params: dict[str, Any], handoff: HandOff, until: float | None,
+                                 by: float) -> Stored:
         """One delivery by itself, its job stored claimed and handed to ``handoff`` when it can
-        be (``intake_store_handoff``; module docstring); settled as ``_store_one``."""
+        be (``intake_store_handoff``; module docstring); bounded and settled as ``_store_one``."""
         sent = trio.current_time()  # the lease is counted from before the statement is sent
         try:
-            row = await self._db.fetch_one(Q.intake_store_handoff,
-                                           {**params, "lease_seconds": handoff.lease_seconds}, prepare=True)
+            row = await self._db.fetch_one(Q.intake_store_handoff, {
+                **params, "lease_seconds": handoff.lease_seconds, "until": until}, prepare=True)
         except DatabaseUnavailable as exc:
-            return await self._dropped(exc, params["token"], sent)
-        if row is None:
+            return await self._dropped(exc, params["token"], by, sent)
+        assert row is not None  # one row always
+        self._learn(row["at"])
+        if not row["go"]:
+            raise DatabaseUnavailable(TOO_LATE)
+        if row["event_id"] is None:
             return Stored(None, 0)
         job = _handed_job(row) if row["id"] is not None else None
         return Stored(int(row["event_id"]), int(row["jobs_created"]), await self._hand(handoff, job, sent))
@@ -492,18 +556,18 @@ class StoreBatcher:
                         job.id, exc)
         return 0
 
-    async def _committed(self, token: str) -> list[list[Any]] | None:
-        """After a hop's connection dropped: what the hop stored if it committed, else None.
+    async def _committed(self, token: str, by: float) -> list[list[Any]] | None:
+        """After a hop was cut off or its connection dropped: what it stored if it committed, else None.
 
         The statement may have committed before the connection went (then a 503 would
         make senders without an event id deliver again: a duplicate). Inserting the
         hop's token decides it (intake_commits, migrations/0006): that insert waits
         for the hop's transaction if the server still runs it, wins if the hop did not
         commit (which it then never can), and finds the hop's record if it did. None
-        also when the database cannot be asked within ``SETTLE_SECONDS``: then nobody
-        knows, and the sender's retry is the lesser harm.
+        also when the database cannot be asked by ``by`` (trio time): then nobody
+        knows until it answers again, and a 503 is the lesser harm (module docstring).
         """
-        with trio.move_on_after(SETTLE_SECONDS):
+        with trio.move_on_at(by):
             while True:
                 try:
                     if await self._db.fetch_one(Q.intake_commit_burn, {"token": token}) is not None:
@@ -519,6 +583,14 @@ class StoreBatcher:
                 return list(results)
         return None
 
+    def _learn(self, at: float) -> None:
+        """A hop's answer carried the server's clock ``at`` (epoch seconds): the next cut-offs follow it."""
+        self._clock = at - trio.current_time()
+
+    def _until(self, cut_off: float) -> float | None:
+        """``cut_off`` (trio time) on the server's clock, or None before a hop has shown it."""
+        return None if self._clock is None else cut_off + self._clock
+
     def _hand_over(self) -> None:
         """After a hop: wake the first queued delivery to lead the next one, or go idle."""
         if self._queue:
@@ -530,17 +602,11 @@ class StoreBatcher:
 
     def _withdraw(self, delivery: _Delivery) -> None:
         """``delivery``'s request stopped waiting (cancelled, or at its deadline, or its sender gone)."""
-        if delivery.taken or delivery.departed:
+        if delivery.taken or delivery.departed or delivery.expired:
             return  # its batch is in flight (stored or not, nobody waits for the answer), or it left the queue
         self._queue.remove(delivery)
         if delivery.lead:
             self._hand_over()  # it was woken to lead, and never will
-
-
-def _hop_deadline(earliest: float) -> float:
-    """When a hop is cancelled: at ``earliest`` (its first delivery's deadline), within the hop bounds."""
-    now = trio.current_time()
-    return min(now + BATCH_HOP_SECONDS, max(now + MIN_HOP_SECONDS, earliest))
 
 
 def _handed_job(row: Row) -> Job:
@@ -591,6 +657,7 @@ def store_params(
         "body": body,
         "dedup_key": dedup_key,
         "jobs": jobs_json(jobs),
+        "until": None,  # the hop's cut-off on the server's clock (StoreBatcher sets it)
     }
     params["item"] = batch_item(params)  # its element of a batch (intake_store ignores it)
     return params

@@ -19,8 +19,9 @@ attribute, ``errors._WaitTimeout`` (what ``notifies(timeout=)`` expects from
 Cancellation. A trio cancel while a statement runs on the server (the connection
 is ACTIVE) sends a server-side cancel (libpq's non-blocking cancel, driven the
 same way), then keeps reading until the server has answered, all shielded and
-bounded by ``grace`` seconds; if that fails the connection is closed. Only then
-does ``trio.Cancelled`` propagate, so the connection is either clean or closed.
+bounded by ``grace`` seconds (and by ``stop_by``, if its caller set one); if that
+fails the connection is closed. Only then does ``trio.Cancelled`` propagate, so
+the connection is either clean or closed.
 
 Host names. libpq would resolve them synchronously inside ``connect_start``;
 connecting resolves them first in a worker thread (``conninfo_attempts``), as
@@ -51,6 +52,7 @@ import random
 import select
 from collections import deque
 from collections.abc import Generator
+from contextvars import ContextVar
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
@@ -63,7 +65,7 @@ from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.types.json import JsonbLoader, JsonLoader
 from psycopg.waiting import Ready, Wait
 
-__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool", "has_unread_input"]
+__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool", "has_unread_input", "stop_by"]
 
 log = logging.getLogger("autom.db")
 
@@ -81,6 +83,11 @@ _READY_W: Final = Ready.W
 _READY_NONE: Final = Ready.NONE
 _ACTIVE: Final = TransactionStatus.ACTIVE
 _IDLE: Final = TransactionStatus.IDLE
+
+#: When (trio time) a cancelled statement's stop must be over, however long its grace: set by
+#: a caller that owes an answer by then, for the statements it runs (the intake's hop,
+#: autom.events). Past it the connection is closed, its statement's fate left to others.
+stop_by: ContextVar[float] = ContextVar("autom_stop_by", default=math.inf)
 
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
@@ -297,8 +304,9 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
 
     async def _stop_on_server(self, gen: Generator[Wait, int, Any], fileno: int, state: int) -> None:
         """After a trio cancel mid-statement: cancel it on the server and read its answer (shielded, bounded)."""
+        started = trio.current_time()
         with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + self.cancel_grace
+            scope.deadline = min(started + self.cancel_grace, stop_by.get())
             try:
                 await self.cancel_trio()
                 while True:
@@ -313,7 +321,8 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
             except Exception as ex:
                 log.warning("could not stop a cancelled statement (%s): closing its connection", ex)
         if scope.cancelled_caught:
-            log.warning("a cancelled statement did not stop within %.1f s: closing its connection", self.cancel_grace)
+            log.warning("a cancelled statement did not stop within %.1f s: closing its connection",
+                        min(self.cancel_grace, max(0.0, scope.deadline - started)))
         self.close_now()
 
     async def cancel_trio(self) -> None:

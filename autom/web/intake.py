@@ -12,8 +12,9 @@ written unless all pass:
    (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
 5. 503 the database is unavailable, or refused to store it (a statement or lock
    timeout: any database error; nothing was written), or did not store it within
-   ``DELIVERY_SECONDS`` (a delivery's total deadline once its body is read; one that
-   committed all the same gets its 202: ``StoreBatcher``), or the backlog is full for
+   ``DELIVERY_SECONDS`` (a delivery's total deadline once its body is read: stored
+   or not is known by then, except when the database stopped in the middle of its
+   statement: ``StoreBatcher``), or the backlog is full for
    this sender; 429 a recipient of the delivery is at MAX_PENDING_PER_RECIPIENT
    (both with Retry-After; autom/admission.py. The 429s of the per-client limits
    come earlier, before the body is read: autom/web/door.py);
@@ -60,11 +61,10 @@ ALWAYS_SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorizati
 # milliseconds, which would stall every other request on the trio thread meanwhile.
 _PARSE_IN_THREAD_BYTES = 64 * 1024
 
-#: A delivery's deadline once its body is read: not stored by then, it gets 503 (its hop
-#: is cancelled, and its commit record says whether it committed all the same; then
-#: 202). The answer comes by about this plus a cancelled statement's grace and the
-#: commit record's look-up (autom.events.StoreBatcher), instead of whenever a stuck
-#: database lets go. Senders give up after about 10 s themselves (GitHub: 10 s).
+#: A delivery's deadline once its body is read: its answer comes by then, whatever the
+#: database does (autom.events.StoreBatcher: the hop is cut off FATE_SECONDS before, the
+#: rest is for its commit record, which turns a hop that committed all the same into its
+#: 202). Senders give up after about 10 s themselves (GitHub: 10 s).
 DELIVERY_SECONDS = 10.0
 
 def intake_blueprint(intake: Intake) -> Blueprint:

@@ -24,7 +24,7 @@ import trio
 
 from autom.db import open_database
 from autom.errors import DatabaseUnavailable, QueryError
-from autom.events import GATHER_SECONDS, SenderGone, StoreBatcher, batch_items, store_params
+from autom.events import FATE_SECONDS, GATHER_SECONDS, SenderGone, StoreBatcher, batch_items, store_params
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
 from tests.support.restartable_pg import RestartablePg, restartable_pg
@@ -567,7 +567,7 @@ async def test_a_delivery_the_database_does_not_store_within_its_deadline_gets_5
     answers: dict[int, tuple[int, Any, float]] = {}
     async with running_app(db) as app:
         intake = app.app.asgi_app.intake
-        intake.deadline_seconds = 1.0  # 10 s in production
+        intake.deadline_seconds = 3.0  # 10 s in production; the hop is cut off FATE_SECONDS (2 s) before
 
         async def send(n: int) -> None:
             started = trio.current_time()
@@ -600,8 +600,9 @@ async def test_a_hop_cancelled_at_its_deadline_that_had_committed_answers_with_w
 
     async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
         batcher = StoreBatcher(db)
-        proxy.hold_after_commit(b"insert into events", 2.5)  # the hop gets at least MIN_HOP_SECONDS (1 s)
-        outcome = await batcher.store(params(1), trio.current_time() + 0.2)
+        # cut off 1 s in (FATE_SECONDS before the deadline); its answer comes while the cancel waits
+        proxy.hold_after_commit(b"insert into events", 1.5)
+        outcome = await batcher.store(params(1), trio.current_time() + FATE_SECONDS + 1.0)
         assert proxy.holds == 1
         rows = await db.fetch_all("select id, body from events")
         assert [(row["id"], json.loads(row["body"])) for row in rows] == [(outcome[0], {"n": 1})]

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from autom.db import open_database
-from autom.events import StoreBatcher, store_params
+from autom.events import FATE_SECONDS, StoreBatcher, store_params
 from autom.jobs.models import Job, NewJob
 from autom.jobs.store import JobStore, Settle
 from tests.integration.test_worker_pool import make_pool
@@ -331,9 +331,9 @@ async def test_a_hop_cancelled_at_its_deadline_after_commit_still_hands_its_job_
     async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
         store = JobStore(db)
         taker = Taker(store)
-        proxy.hold_after_commit(b"autom_intake_store_handoff", 2.5)  # the hop gets at least 1 s
+        proxy.hold_after_commit(b"autom_intake_store_handoff", 1.5)  # the hop is cut off 1 s in
         stored = await StoreBatcher(db, handoff=taker).deliver(
-            delivery(1, NewJob("k", recipient="c1")), trio.current_time() + 0.2)
+            delivery(1, NewJob("k", recipient="c1")), trio.current_time() + FATE_SECONDS + 1.0)
         assert proxy.holds == 1
         assert stored.event_id is not None and stored.jobs == 1 and stored.handed == 1
         [(job, _sent)] = taker.taken

@@ -120,7 +120,8 @@ def test_intake_store_stores_nothing_for_a_redelivery(conn: psycopg.Connection[A
     reset(conn)
     intake(conn, JOBS)
     before = snapshot(conn)
-    assert conn.execute(Q.intake_store, store_params("s", {}, "other", "d", JOBS[:1])).fetchone() is None
+    row = conn.execute(Q.intake_store, store_params("s", {}, "other", "d", JOBS[:1])).fetchone()
+    assert row is not None and (row["go"], row["id"]) == (True, None)
     assert snapshot(conn) == before
     assert conn.execute("select count(*) as n from events").fetchone() == {"n": 1}
 
@@ -131,3 +132,32 @@ def test_intake_store_without_jobs_stores_the_event(conn: psycopg.Connection[Any
     assert row is not None and row["jobs"] == 0
     event = conn.execute("select headers, body, dedup_key from events").fetchone()
     assert event == {"headers": {"a": "b"}, "body": "body", "dedup_key": None}
+
+
+@pytest.mark.parametrize("statement", ["intake_store", "intake_store_handoff", "intake_store_many"])
+def test_a_statement_the_server_starts_after_its_cut_off_stores_nothing(
+    conn: psycopg.Connection[Any], statement: str,
+) -> None:
+    """The cut-off (``until``, the server's clock) is when the intake stops waiting: a server
+    that gets to the statement later (it was stopped) stores nothing and says so (go false),
+    so the intake's 503 is true; before it, the statement stores as usual."""
+    reset(conn)
+    before = snapshot(conn)
+    now = conn.execute("select date_part('epoch', clock_timestamp()) as t").fetchone()["t"]  # type: ignore[index]
+
+    def run(n: int, until: float) -> list[dict[str, Any]]:
+        params = store_params("s", {}, f"body {n}", f"d{n}", JOBS[:1])
+        params.update(until=until, lease_seconds=60.0, items=f"[{params['item']}]")
+        return conn.execute(getattr(Q, statement), params).fetchall()
+
+    [late] = run(1, now - 1.0)
+    assert late["go"] is False and late["at"] >= now
+    assert all(value is None for name, value in late.items() if name not in ("go", "at")), late
+    assert snapshot(conn) == before
+    assert conn.execute("select count(*) as n from events").fetchone() == {"n": 0}
+    assert conn.execute("select count(*) as n from intake_commits").fetchone() == {"n": 0}
+
+    [stored] = run(2, now + 60.0)
+    assert stored["go"] is True
+    assert conn.execute("select dedup_key from events").fetchall() == [{"dedup_key": "d2"}]
+    assert conn.execute("select count(*) as n from intake_commits").fetchone() == {"n": 1}
