@@ -120,13 +120,16 @@ class Router:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        at_most_once: bool = False,
     ) -> Callable[[H], H]:
         """Register the decorated ``async def f(ctx, job) -> None`` for ``kind``; returns ``f`` unchanged.
 
         ``max_attempts`` (≥ 1): the default stored in this kind's rows at enqueue.
         ``timeout`` (seconds > 0, or None): the longest one run may take.
-        ``retry``: a ``RetryPolicy`` for this kind's backoff. A kind registered twice
-        (here or through ``include``) raises ``AppError``.
+        ``retry``: a ``RetryPolicy`` for this kind's backoff. ``at_most_once``: never run a
+        job of this kind twice (a run lost with its worker, cut short by a shutdown or
+        ended by an error fails it, with its alert). A kind registered twice (here or
+        through ``include``) raises ``AppError``.
         """
         _check_kind(kind)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
@@ -143,7 +146,7 @@ class Router:
                 raise AppError(f"handler {kind!r}: {getattr(fn, '__qualname__', fn)!r} must be an async def "
                                "taking (ctx, job)")
             self._add_handler(HandlerSpec(kind, fn, max_attempts, None if timeout is None else float(timeout),
-                                          retry))
+                                          retry, at_most_once=bool(at_most_once)))
             return fn
 
         return register

@@ -241,9 +241,9 @@ def install_probes(batch: int | None, pool_kwargs: dict[str, Any] | None = None)
             return jobs
 
         if hasattr(JobStore, "complete_batch"):  # the completer's statement (complete_many calls it too)
-            async def complete_batch(self, jobs: Any) -> tuple[set[int], bool]:
+            async def complete_batch(self, jobs: Any, **kwargs: Any) -> tuple[set[int], bool]:
                 t0 = now()
-                held, more = await super().complete_batch(jobs)  # type: ignore[misc]
+                held, more = await super().complete_batch(jobs, **kwargs)  # type: ignore[misc]
                 probe["complete_s"] += now() - t0
                 probe["completes"] += 1
                 probe["completed"] += len(held)

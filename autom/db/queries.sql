@@ -74,7 +74,9 @@ on conflict (kind) do update set max_attempts = excluded.max_attempts, updated_a
 -- skipped. The two lanes take turns (see pick), so a backlog in one cannot hold
 -- back the other. Each claim takes a new lease (autom_lease_next, migrations/0014:
 -- the next generation and 32 random bits, never a value an earlier claim of the job
--- had, even one lost in a crash) and counts an attempt. %(durable)s false: the
+-- had, even one lost in a crash) and counts an attempt (attempts counts runs
+-- started; see "claimed" below for a claim made ahead whose run never started, and
+-- for the at-most-once kinds). %(durable)s false: the
 -- claim commits asynchronously, and the worker confirms it (confirm_claims) while its
 -- handlers start (autom/jobs/store.py: the idle path); true: the server's setting. A
 -- recipient whose line has nothing due is retired by the
@@ -140,6 +142,10 @@ pick as (
     order by x.turn, x.fair <> coin.fair_first
     limit %(n)s
 ),
+p as (
+    -- the claim's jobs in the order the worker starts them (the rows come back in it)
+    select array(select id from pick) as ids
+),
 claimed as (
     -- "= any (array(...))", not a join with pick: once the claim is prepared (psycopg
     -- does so at its 6th run on a connection) and PostgreSQL uses its generic plan
@@ -149,14 +155,39 @@ claimed as (
     -- long-running service's statistics (nearly every job finished, due_at NULL)
     -- "due_at <= now()" looks like one row, and the update walked jobs_due_all, every
     -- due job of both lanes, in every claim (1.7-3x the drain, bench/RESULTS.md, Speed
-    -- round four); it finds its jobs by primary key
+    -- round four); it finds its jobs by primary key.
+    --
+    -- Attempts count runs started. The worker starts the first now_n jobs of the
+    -- claim at once (its idle runners): ticket 0, counted now. The rest wait for a
+    -- runner, claimed ahead: each gets the next number of the pool's start order
+    -- (ticket + its place after those; returned), and the pool records the highest it started
+    -- (worker_starts.started_upto, migrations/0021). When such a claim's lease runs out
+    -- (its worker killed, the database away) and this claim takes the job over, the
+    -- lost attempt counts only if its run had started; otherwise it is given back
+    -- (attempts stays). A run that started in the moment before its start was recorded
+    -- (one write of the pool's outcome writer) is not counted: the one window left.
+    --
+    -- At-most-once (App.handler(at_most_once=True)): the decision is made here, by
+    -- the count. A job whose attempts this claim makes 2 or more had a run start
+    -- before, and that run did not end (a handler's error fails an at-most-once job, a
+    -- shutdown that cut its run short fails it too): the worker fails it, "lost with
+    -- its worker (at-most-once)", one alert, without running it again
+    -- (autom/worker/pool.py). Replay is the greater harm for such a kind; the price is
+    -- that a run lost with its worker is not retried, and a run started in the window
+    -- above may run twice.
     update jobs j
-       set status = 'running', attempts = j.attempts + 1, lease = autom_lease_next(j.lease),
+       set status = 'running', lease = autom_lease_next(j.lease),
+           attempts = j.attempts + case when j.status = 'running' and j.start_ticket > coalesce(
+                          (select w.started_upto from worker_starts w where w.id = j.claimed_by), j.start_ticket)
+                      then 0 else 1 end,
+           claimed_by = %(claimant)s::bigint,
+           start_ticket = coalesce(nullif(greatest(0, array_position((select ids from p), j.id) - %(now_n)s::int), 0)
+                                   + %(ticket)s::bigint, 0),
            locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now(),
            claimed_at = now()
-     where j.id = any (array(select id from pick)) and (j.due_at <= now()) is true
+     where j.id = any ((select ids from p)::bigint[]) and (j.due_at <= now()) is true
     returning j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease, j.locked_until,
-              j.recipient, j.key, j.event_id, j.run_at
+              j.recipient, j.key, j.event_id, j.run_at, j.start_ticket
 ),
 mark as (
     update recipients r
@@ -168,7 +199,7 @@ sync as (
     select set_config('synchronous_commit',
                       case when %(durable)s then current_setting('synchronous_commit') else 'off' end, true)
 )
-select c.* from claimed c, sync order by c.run_at, c.id;
+select c.* from claimed c, sync order by array_position((select ids from p), c.id);
 
 -- name: confirm_claims
 -- Which of these claims (id, lease) are held, committed durably: a claim that commits
@@ -183,6 +214,19 @@ select j.id from jobs j
    and (j.id, j.lease) in (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]))
    and j.status = 'running'
    for key share of j;
+
+-- name: claimant_register
+-- A worker pool's row for its start order (migrations/0021); rows of pools gone for a
+-- month go (a job still claimed by one counts its lost attempt: the safe side).
+with old as (delete from worker_starts where updated_at < now() - interval '30 days')
+insert into worker_starts default values returning id;
+
+-- name: starts_record
+-- The highest start_ticket whose run this pool has started (it starts them in order).
+-- Written alone right after a start when the outcome writer has nothing else to write,
+-- else with its completions (complete_many: starts).
+update worker_starts set started_upto = %(upto)s::bigint, updated_at = now()
+ where id = %(claimant)s::bigint and started_upto < %(upto)s::bigint;
 
 -- name: retire_idle
 -- Retire the recipients at the front of the fair order whose line has nothing due
@@ -262,6 +306,12 @@ retire as (
       from line l join recipients seen on seen.recipient = l.recipient
      where r.recipient = l.recipient and r.ver = seen.ver
        and (l.due_at is null or (l.status = 'pending' and l.due_at > now()))
+),
+starts as (
+    -- the pool's start order, recorded with its completions (starts_record); claimant
+    -- NULL: nothing to record
+    update worker_starts set started_upto = %(upto)s::bigint, updated_at = now()
+     where id = %(claimant)s::bigint and started_upto < %(upto)s::bigint
 ),
 sync as (
     select set_config('synchronous_commit',

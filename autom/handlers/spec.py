@@ -25,7 +25,9 @@ class HandlerSpec:
     does not say. ``timeout``: seconds for one whole run (None: only the lease and the
     shutdown grace bound it); a run past it is cancelled and counts as a failed
     attempt ("timeout"), retried with backoff. ``retry``: this kind's backoff (None:
-    RETRY_BASE_SECONDS / RETRY_MAX_SECONDS).
+    RETRY_BASE_SECONDS / RETRY_MAX_SECONDS). ``at_most_once``: a job of this kind is
+    never run twice: a run lost with its worker, cut short by a shutdown or ended by an
+    error fails the job (README, Reliability).
     """
 
     kind: str
@@ -34,6 +36,7 @@ class HandlerSpec:
     timeout: float | None = None
     retry: RetryPolicy | None = None
     builtin: bool = False
+    at_most_once: bool = False
 
 
 def handler_specs(handlers: Mapping[str, HandlerSpec | Handler]) -> dict[str, HandlerSpec]:

@@ -59,7 +59,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -139,10 +139,15 @@ _new_job = object.__new__
 _set = object.__setattr__
 
 
-def _jobs(rows: list[dict[str, Any]]) -> list[Job]:
+def _jobs(rows: list[dict[str, Any]], tickets: list[int] | None = None) -> list[Job]:
     """The claim's rows as ``Job`` objects: each row dict (exactly Job's fields, by name,
     checked on the first row) becomes the object's ``__dict__``. ``Job(**row)`` cost 1.1 µs
-    a job, a quarter of a claimed row's Python cost (bench/RESULTS.md, Speed round three)."""
+    a job, a quarter of a claimed row's Python cost (bench/RESULTS.md, Speed round three).
+    Each row's ``start_ticket`` is taken out of it first (appended to ``tickets``)."""
+    for row in rows:
+        ticket = row.pop("start_ticket", 0)
+        if tickets is not None:
+            tickets.append(ticket)
     if rows and rows[0].keys() != _JOB_FIELDS:
         raise TypeError(f"the claim returned {sorted(rows[0])}, not Job's fields {sorted(_JOB_FIELDS)}")
     jobs = []
@@ -151,6 +156,19 @@ def _jobs(rows: list[dict[str, Any]]) -> list[Job]:
         _set(job, "__dict__", row)
         jobs.append(job)
     return jobs
+
+
+@dataclass(slots=True)
+class Ahead:
+    """How a worker pool's claim is counted (``JobStore.claim``): ``claimant`` is the pool's
+    ``worker_starts`` row, ``ticket`` the last number of its start order handed out, and
+    the claim's first ``now_n`` jobs start at once (their runners are idle). The claim
+    fills ``tickets``: each returned job's place in the start order (0: started at once)."""
+
+    claimant: int | None
+    ticket: int
+    now_n: int
+    tickets: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +280,15 @@ class JobStore:
         kinds = sorted(max_attempts)
         await self.db.execute(Q.kinds_register, {"kinds": kinds, "max_attempts": [max_attempts[k] for k in kinds]})
 
-    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
         """Claim up to ``n`` due jobs (fair across recipients, one per recipient at a time).
 
         ``durable`` False: the claim commits asynchronously (the worker's idle path), and
         may be lost in a server crash; the caller confirms it (``confirm``) and stops the
         runs it does not find confirmed (see the module docstring).
+
+        ``ahead``: how the claim's attempts are counted (a worker pool's claim, made ahead
+        of its runs); None: every job counts as started with the claim.
 
         One or two jobs (the worker's claim when it had nothing in hand and was woken)
         is the same statement with its limit and the lease written in, prepared: it is
@@ -276,13 +297,25 @@ class JobStore:
         1,000 recipients took 11-13 ms against 6 ms planned each time (bench/RESULTS.md,
         Worker); psycopg's default applies.
         """
+        counted = ({"claimant": None, "ticket": 0, "now_n": n} if ahead is None else
+                   {"claimant": ahead.claimant, "ticket": ahead.ticket, "now_n": ahead.now_n})
         few = self._claim_few.get((n, durable))
         if few is not None:
-            rows = await self.db.fetch_all(few, prepare=True)
+            rows = await self.db.fetch_all(few, counted, prepare=True)
         else:
             rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds,
-                                                     "durable": durable})
-        return _jobs(rows)
+                                                     "durable": durable, **counted})
+        return _jobs(rows, None if ahead is None else ahead.tickets)
+
+    async def register_claimant(self) -> int:
+        """A new row of a worker pool's start order (``worker_starts``); returns its id."""
+        row = await self.db.fetch_one(Q.claimant_register)
+        assert row is not None
+        return int(row["id"])
+
+    async def record_starts(self, claimant: int, upto: int) -> None:
+        """Record that the pool ``claimant`` has started every run up to ticket ``upto``."""
+        await self.db.execute(Q.starts_record, {"claimant": claimant, "upto": upto}, prepare=True)
 
     async def confirm(self, jobs: Iterable[Job]) -> set[int]:
         """Which of these claims are held, now on disk: ids (``confirm_claims``: one durable
@@ -302,14 +335,18 @@ class JobStore:
         held, _more = await self.complete_batch(jobs)
         return held
 
-    async def complete_batch(self, jobs: Iterable[Job]) -> tuple[set[int], bool]:
+    async def complete_batch(self, jobs: Iterable[Job], *,
+                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
         """``complete_many``, and whether a recipient freed by it has another job due now
-        (then a claim can find work; otherwise these completions freed nothing to claim)."""
+        (then a claim can find work; otherwise these completions freed nothing to claim).
+        ``starts``: (claimant, ticket) to record with them (``record_starts``)."""
         jobs = list(jobs)
         if not jobs:
             return set(), False
         first, again = _distinct_ids(jobs)
-        rows = await self.db.fetch_all(Q.complete_many, {**_claims(first), "durable": False}, prepare=True)
+        claimant, upto = starts if starts is not None else (None, 0)
+        rows = await self.db.fetch_all(Q.complete_many, {**_claims(first), "durable": False,
+                                                         "claimant": claimant, "upto": upto}, prepare=True)
         held, more = {row["id"] for row in rows}, any(row["more"] for row in rows)
         if again:
             # two claims of one id (the older one's lease ran out while its outcome waited):
@@ -361,7 +398,7 @@ class JobStore:
     async def complete_in(self, tx: Tx, job: Job) -> bool:
         """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at
         all); False when the claim is no longer held (the caller should roll back)."""
-        rows = await tx.fetch_all(Q.complete_many, {**_claims([job]), "durable": True})
+        rows = await tx.fetch_all(Q.complete_many, {**_claims([job]), "durable": True, "claimant": None, "upto": 0})
         return bool(rows)
 
     async def fail(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> FailOutcome:

@@ -6,7 +6,9 @@ report how a run ended (``report``); this one task writes it, batched:
 - ``done``: ``complete_batch`` (one statement for every finished run in the batch);
 - ``retry``, ``failed``, ``released``, ``deferred``, ``cancelled``: ``settle_many`` (one statement);
 - and between flushes, every ``lease/3``, the renewal of every claim still held
-  (queued, running, or finished but not yet written).
+  (queued, running, or finished but not yet written);
+- the pool's start order (``started``): the highest ticket whose run started, with
+  the next completions, or alone when there are none (``record_starts``).
 
 One writer instead of three (completer, failure path, renewer): two multi-row
 statements of one process updating the same job and recipient rows in different
@@ -31,7 +33,7 @@ import trio
 from autom.bells import Doorbell
 from autom.errors import QueryError
 from autom.jobs.retry import RetryPolicy, describe
-from autom.jobs.store import Settle, Settled
+from autom.jobs.store import Ahead, Settle, Settled
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -56,8 +58,17 @@ class QueueStore(Protocol):
     lease_seconds: float
     retry: RetryPolicy
 
-    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
-        """Claim up to ``n`` due jobs (``durable`` False: committed asynchronously, to be confirmed)."""
+    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
+        """Claim up to ``n`` due jobs (``durable`` False: committed asynchronously, to be confirmed;
+        ``ahead``: the pool's start order, filled with each job's ticket)."""
+        ...
+
+    async def register_claimant(self) -> int:
+        """A new row for this pool's start order; its id."""
+        ...
+
+    async def record_starts(self, claimant: int, upto: int) -> None:
+        """Every run of ``claimant`` up to ticket ``upto`` has started."""
         ...
 
     async def confirm(self, jobs: Sequence[Job]) -> set[int]:
@@ -68,8 +79,10 @@ class QueueStore(Protocol):
         """Sweep: retire recipients whose line has nothing due (the fetcher, going idle)."""
         ...
 
-    async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
-        """Mark claims done; (ids still held, whether a freed recipient has its next job due)."""
+    async def complete_batch(self, jobs: Sequence[Job], *,
+                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
+        """Mark claims done (and record ``starts``); (ids still held, whether a freed recipient
+        has its next job due)."""
         ...
 
     async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
@@ -143,6 +156,22 @@ class Completer:
         self.flushes = 0
         self.renewals = 0
         self._renew_failing = False
+        # the pool's start order: (claimant, ticket) to record, and the highest recorded
+        self._starts: tuple[int, int] | None = None
+        self._carry: tuple[int, int] | None = None
+        self.starts_written = 0
+        self._starts_bell = Doorbell()
+
+    def started(self, claimant: int, ticket: int) -> None:
+        """Runs up to ``ticket`` of the pool ``claimant`` have started: record it soon."""
+        self._starts = (claimant, ticket)
+        self._bell.set()
+
+    async def wait_started(self, ticket: int) -> None:
+        """Wait until the start of ``ticket`` is recorded (an at-most-once run waits for it)."""
+        while self.starts_written < ticket:
+            seen = self._starts_bell.count
+            await self._starts_bell.wait_after(seen)
 
     def report(self, outcome: Outcome) -> None:
         """Queue ``outcome`` for writing (the runner is free at once)."""
@@ -165,7 +194,7 @@ class Completer:
                 # a failed renewal is tried again soon: the leases are running out
                 next_renew = self._clock() + (self._renew_every if ok else min(self._renew_every, 0.5))
                 continue
-            if self._pending:
+            if self._pending or self._starts is not None:
                 try:
                     await self._flush()
                     backoff = 0.2
@@ -214,6 +243,25 @@ class Completer:
     async def _flush_now(self) -> None:
         batch = self._pending
         self._pending = []
+        self._carry, self._starts = self._starts, None  # the first "done" statement takes it along
+        try:
+            await self._write_batch(batch)
+            if self._carry is not None:
+                await self._store.record_starts(*self._carry)
+                self._recorded(self._carry)
+        finally:
+            if self._carry is not None and (self._starts is None or self._starts[1] < self._carry[1]):
+                self._starts = self._carry  # not written: the next flush tries again
+            self._carry = None
+
+    def _recorded(self, starts: tuple[int, int]) -> None:
+        self._carry = None
+        self.starts_written = max(self.starts_written, starts[1])
+        self._starts_bell.set()
+
+    async def _write_batch(self, batch: list[Outcome]) -> None:
+        if not batch:
+            return
         # two statements: "done" for every completion, settle_many for the rest; each
         # group is written (and reported) on its own, so a failure of the second does
         # not put the first back to be written twice
@@ -260,7 +308,12 @@ class Completer:
     async def _write(self, group: list[Outcome]) -> bool:
         """Write outcomes of one kind (all "done", or none) and report them to the pool."""
         if group[0].status == "done":
-            held, more = await self._store.complete_batch([o.run.job for o in group])
+            starts = self._carry
+            if starts is None:
+                held, more = await self._store.complete_batch([o.run.job for o in group])
+            else:
+                held, more = await self._store.complete_batch([o.run.job for o in group], starts=starts)
+                self._recorded(starts)
             for o in group:
                 self._hooks.written(o, _DONE if o.run.job.id in held else None)
             return more

@@ -24,10 +24,13 @@ ran out while it waited) replaces the old one, which is dropped.
 Claims run ahead of the handlers. While WORKERS handlers run, more claimed jobs
 wait in the pool's queue, so the next claim's round trip overlaps the jobs in hand
 instead of leaving the workers idle (bench/RESULTS.md, Worker). How many may wait
-follows the handlers' pace: about what the workers start during two claim round
-trips, never more than ``prefetch`` (at most one claim batch). With jobs still
-queued, the fetcher claims again only once half a batch of room is free, so
-claims stay batches.
+follows the pace of the kinds just claimed (each kind's runs measured on their own):
+about what the workers start during two claim round trips, never more than
+``prefetch`` (at most one claim batch); a slow kind, or one not measured yet, waits
+one deep, so replicas share slow work. With jobs still queued, the fetcher claims
+again only once half a batch of room is free, so claims stay batches. A claimed job
+waiting for a runner has a ticket in the pool's start order; the writer records the
+highest one started, so a claim lost before its run started gives its attempt back.
 
 Shutdown is two-phase: ``deps.shutdown`` stops the fetcher (soft), and the claimed
 jobs that no worker has started go back to pending at once; running handlers get
@@ -53,7 +56,7 @@ from autom.errors import PermanentError, TransientError
 from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.models import Job
 from autom.jobs.retry import describe
-from autom.jobs.store import Settle, Settled
+from autom.jobs.store import Ahead, Settle, Settled
 from autom.worker.completer import CLEANUP_SECONDS, Completer, Outcome, QueueStore, Status, wall_delay
 from autom.worker.run import Run, lease_margin
 
@@ -62,6 +65,11 @@ log = logging.getLogger("autom.worker")
 
 #: how long the confirmation of an asynchronous claim may take before its runs are stopped
 CONFIRM_SECONDS = 5.0
+
+#: the error of an at-most-once job whose run was lost (README, Reliability)
+LOST_AT_MOST_ONCE = "lost with its worker (at-most-once)"
+#: the error of an at-most-once job whose run a shutdown cut short
+INTERRUPTED_AT_MOST_ONCE = "interrupted by shutdown (at-most-once)"
 
 
 class HandlerTimeout(TransientError):
@@ -82,10 +90,10 @@ class WorkerPool:
 
     ``batch``: most jobs per claim statement. ``prefetch``: most claimed jobs that may
     wait for a worker beyond the ``workers`` running (default: ``workers``, or more to
-    fill one batch; never more than ``batch``). How many do wait adapts to the
-    handlers' pace (``_adapt``): about what the workers start during two claim round
-    trips, so fast handlers get whole batches and slow ones hold one job in reserve.
-    Until the first handler has finished, ``min(prefetch, workers)`` may wait.
+    fill one batch; never more than ``batch``). How many do wait adapts to the pace of
+    the kinds claimed (``_adapt``): about what the workers start during two claim round
+    trips, so fast kinds get whole batches and slow ones hold one job in reserve. A kind
+    not measured yet counts as slow: until one of its runs has finished, one may wait.
 
     ``store``: the queue (default ``deps.store``; any ``QueueStore``, so the scheduling
     is tested without PostgreSQL). ``context``: builds the ``HandlerContext`` a run's
@@ -110,11 +118,16 @@ class WorkerPool:
         self.batch = max(1, batch)
         wanted = max(self.workers, self.batch - self.workers) if prefetch is None else prefetch
         self.prefetch = max(0, min(wanted, self.batch))
-        # claimed jobs that may wait now: adapts (see _adapt); until the handlers' pace is
-        # known, as many as the workers (a slow start holds no batch away from other replicas)
-        self._ahead = min(self.prefetch, self.workers)
-        self._handler_s = 0.0  # moving average of a handler's run time (0: not measured yet)
+        # claimed jobs that may wait now: adapts (see _adapt); until a kind's pace is known,
+        # one (a slow kind's jobs are not held away from other replicas)
+        self._ahead = min(self.prefetch, 1)
+        self._kind_s: dict[str, float] = {}  # kind → moving average of its runs' time
         self._claim_s = 0.0  # moving average of a claim's round trip
+        # the start order (migrations/0021): this pool's worker_starts row, the last ticket
+        # handed out, the highest ticket started
+        self._claimant: int | None = None
+        self._ticket = 0
+        self._started = 0
         self.poll_seconds = poll_seconds
         self.store: QueueStore = store if store is not None else deps.store
         self.lease_seconds = self.store.lease_seconds
@@ -263,8 +276,13 @@ class WorkerPool:
             want = min(self._room(), 2 if fast else self.batch)
             seen = doorbell.count
             started = trio.current_time()
+            # the first jobs of the claim go to idle runners at once; the rest wait, ahead
+            ahead = Ahead(self._claimant, self._ticket,
+                          max(0, self.workers - len(self.running) - len(self.queued)))
             try:
-                jobs = await self.store.claim(want, durable=not fast)
+                if self._claimant is None:
+                    self._claimant = ahead.claimant = await self.store.register_claimant()
+                jobs = await self.store.claim(want, durable=not fast, ahead=ahead)
             except Exception as exc:  # database down or a statement error: back off, never die
                 log.warning("claim failed, retrying in %.1fs: %s", backoff, describe(exc))
                 with trio.move_on_after(backoff):
@@ -273,11 +291,14 @@ class WorkerPool:
                 continue
             backoff = 0.5
             self._claim_s = _average(self._claim_s, trio.current_time() - started)
-            self._adapt()
+            self._adapt(jobs)
             # the database set each lease at (or after) the moment the claim was sent
             deadline = started + self.lease_seconds - self._margin
-            for job in jobs:
-                self._hold(Run(job, deadline, self.store, confirmed=not fast))
+            tickets = ahead.tickets if len(ahead.tickets) == len(jobs) else [0] * len(jobs)
+            for job, ticket in zip(jobs, tickets, strict=True):
+                self._hold(Run(job, deadline, self.store, confirmed=not fast, ticket=ticket))
+            if tickets and tickets[-1] > self._ticket:
+                self._ticket = tickets[-1]
             if fast and jobs:
                 self._confirm_bell.set()
             idle = len(jobs) < want
@@ -356,12 +377,20 @@ class WorkerPool:
             self._watch_at = run.deadline
             self._watch_bell.set()
 
-    def _adapt(self) -> None:
-        """Set how many claimed jobs may wait: what the workers start, at their recent
-        pace, during two claim round trips (at least 1, at most ``prefetch``)."""
-        if self._handler_s <= 0.0 or not self.prefetch:
+    def _adapt(self, jobs: list[Job]) -> None:
+        """Set how many claimed jobs may wait: what the workers start during two claim round
+        trips (at least 1, at most ``prefetch``), at the pace of the kinds of ``jobs`` (the
+        claim just made: what is due now), each kind at its own recent pace; a kind not
+        measured yet adds nothing (slow until one of its runs finished)."""
+        if not jobs or not self.prefetch:
             return
-        pace = self.workers / max(self._handler_s, 1e-6)  # jobs/s the workers can start
+        kind_s = self._kind_s
+        rate = 0.0  # runs a second of one worker, averaged over the jobs
+        for job in jobs:
+            seconds = kind_s.get(job.kind)
+            if seconds is not None:
+                rate += 1.0 / max(seconds, 1e-6)
+        pace = self.workers * rate / len(jobs)  # jobs/s the workers can start
         self._ahead = max(1, min(self.prefetch, math.ceil(pace * self._claim_s * 2)))
 
     def _give_back_queued(self) -> None:
@@ -433,11 +462,20 @@ class WorkerPool:
         run.state = "running"
         self.running[run.key] = run
         run.started = trio.current_time()
+        if run.ticket > self._started and self._claimant is not None:
+            # its run starts: the writer records it (the claim's attempt then stays counted
+            # if the lease is lost)
+            self._started = run.ticket
+            self._completer.started(self._claimant, run.ticket)
         outcome: Outcome | None = None
+        spec = self.handlers.get(job.kind)
+        called = False  # the handler was called (an at-most-once run cut short fails)
         try:
-            spec = self.handlers.get(job.kind)
             if spec is None:
                 outcome = self._failed(run, f"no handler for kind {job.kind!r}")
+            elif spec.at_most_once and job.attempts > 1:
+                # an earlier run of it started and never ended (the claim's comment, queries.sql)
+                outcome = self._failed(run, LOST_AT_MOST_ONCE)
             elif job.attempts > job.max_attempts:
                 # claimed again after its lease expired on the last attempt: the worker died
                 outcome = self._failed(run, f"attempts exhausted: attempt {job.max_attempts} was lost with "
@@ -447,8 +485,12 @@ class WorkerPool:
                 # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
                 state: RunState | None = getattr(ctx, "_state", None)
                 fn: Callable[..., Awaitable[object]] = spec.fn
+                if spec.at_most_once and run.ticket > self._completer.starts_written:
+                    # its start must be on record before it runs: a run lost unrecorded would run again
+                    await self._completer.wait_started(run.ticket)
                 # in the runner's scope (run.scope): the deadline watch or a lost claim cancels it
                 try:
+                    called = True
                     # inline, not a helper coroutine: this is every job's path
                     result = await (fn(ctx, job) if spec.timeout is None else self._timed(spec, ctx, job))
                     if result is not None:
@@ -459,15 +501,17 @@ class WorkerPool:
                         # (LeaseLost: nothing committed, the claim is gone)
                         await state.commit()
                 except Exception as exc:
-                    outcome = Outcome(run, _status(settle := self.store.decide(job, exc, retry=spec.retry)),
-                                      settle)
+                    settle = self.store.decide(job, exc, retry=spec.retry)
+                    if spec.at_most_once and settle.outcome == "retry":
+                        settle = Settle(job, "failed", settle.error)  # never run twice
+                    outcome = Outcome(run, _status(settle), settle)
                 finally:
                     if state is not None and state.tx is not None and state.tx.opened:
                         # it raised, timed out or was cancelled: nothing it wrote may commit
                         with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
                             await state.tx.abandon()
                 duration = trio.current_time() - run.started
-                self._handler_s = _average(self._handler_s, duration)
+                self._kind_s[job.kind] = _average(self._kind_s.get(job.kind, 0.0), duration)
                 if outcome is None:
                     seconds, done = self._kind_metrics(job.kind)
                     seconds.observe(duration)
@@ -489,6 +533,10 @@ class WorkerPool:
                 self._drop(run, "claim lost (another claim holds the job, or this one was never stored); "
                                 "stopped the handler" if run.lost else
                                 "lease could not be renewed; stopped the handler before its lease ran out")
+            elif not run.settled and called and spec is not None and spec.at_most_once:
+                # hard shutdown cut an at-most-once run short: whatever it did may have
+                # happened, so it is not run again; failed, with its alert
+                outcome = self._failed(run, INTERRUPTED_AT_MOST_ONCE)
             elif not run.settled:
                 # hard shutdown: give the job back now instead of waiting for its lease
                 outcome = Outcome(run, "released", Settle(job, "released", "interrupted by shutdown"))

@@ -53,10 +53,13 @@ class _Completes(Protocol):
 class Run:
     """One claim of ``job`` held by this process; see the module docstring."""
 
-    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "lost", "scope", "settled", "started", "state")
+    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "lost", "scope", "settled", "started", "state",
+                 "ticket")
 
-    def __init__(self, job: Job, deadline: float, store: Any, *, confirmed: bool = True) -> None:
+    def __init__(self, job: Job, deadline: float, store: Any, *, confirmed: bool = True, ticket: int = 0) -> None:
         self.job = job
+        #: the claim's place in the pool's start order (0: counted as started with the claim)
+        self.ticket = ticket
         #: the claim: (job id, lease value)
         self.key: tuple[int, int] = (job.id, job.lease)
         #: the local lease end (trio clock)

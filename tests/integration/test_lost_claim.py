@@ -22,7 +22,7 @@ from autom.config import Settings
 from autom.deps import Deps
 from autom.errors import LeaseLost, PermanentError
 from autom.jobs.models import NewJob, lease_generation
-from autom.jobs.store import JobStore
+from autom.jobs.store import Ahead, JobStore
 from autom.testing import open_testbed
 from autom.worker import WorkerPool
 from tests.support.queue import claim_one, complete, sleeping_handler
@@ -33,7 +33,8 @@ RECIPIENT_ROW = "select to_jsonb(r) from recipients r where recipient = %(recipi
 # what a claim writes, written back from the snapshot (as a crash that lost it leaves them)
 RESTORE_JOB = """
 update jobs j set status = o.status, attempts = o.attempts, lease = o.lease, locked_until = o.locked_until,
-                  updated_at = o.updated_at, claimed_at = o.claimed_at
+                  updated_at = o.updated_at, claimed_at = o.claimed_at, claimed_by = o.claimed_by,
+                  start_ticket = o.start_ticket
   from jsonb_populate_record(null::jobs, %(row)s::jsonb) o where j.id = o.id
 """
 RESTORE_RECIPIENT = """
@@ -156,14 +157,14 @@ class CrashingStore(JobStore):
         self.lost: list[Job] = []
         self.durable_claims = 0
 
-    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
         if durable:
-            jobs = await super().claim(n, durable=durable)
+            jobs = await super().claim(n, durable=durable, ahead=ahead)
             self.durable_claims += 1
             return jobs
         due = await self.db.fetch_all("select id, recipient from jobs where due_at <= now()")
         before = {r["id"]: await snapshot(self.db, r["id"], r["recipient"]) for r in due}
-        jobs = await super().claim(n, durable=durable)
+        jobs = await super().claim(n, durable=durable, ahead=ahead)
         for job in jobs:
             await lose_the_claim(self.db, before[job.id], job.recipient)
         self.lost.extend(jobs)

@@ -597,8 +597,9 @@ async def test_the_claim_updates_its_jobs_by_id_under_a_long_running_services_st
     await db.execute("analyze jobs")
     await store.enqueue_many([NewJob("m", recipient=f"r{i % 50}") for i in range(1000)])
     await store.enqueue_many([NewJob("free") for _ in range(1000)])
-    statements = [(store._claim_few[(n, durable)], {}) for n in (1, 2) for durable in (False, True)]
-    statements.append((Q.claim, {"n": 63, "lease_seconds": 30.0, "durable": True}))
+    counted = {"claimant": None, "ticket": 0, "now_n": 1}
+    statements = [(store._claim_few[(n, durable)], counted) for n in (1, 2) for durable in (False, True)]
+    statements.append((Q.claim, {"n": 63, "lease_seconds": 30.0, "durable": True, **counted}))
     for sql, params in statements:
         (plan,) = await db.fetch_val("explain (format json) " + sql, params)
         (update,) = _updates(plan["Plan"], "jobs")

@@ -20,7 +20,7 @@ from autom.deps import Deps
 from autom.errors import Defer, PermanentError
 from autom.jobs.models import Job
 from autom.jobs.retry import RetryPolicy
-from autom.jobs.store import JobStore, Settle, Settled
+from autom.jobs.store import Ahead, JobStore, Settle, Settled
 from autom.worker import WorkerPool
 from tests.support.queue import sleeping_handler
 
@@ -46,6 +46,8 @@ class MemoryStore:
         self.confirms: list[list[int]] = []  # ids per confirmation
         self.confirm_fails = False
         self.confirm_drops: set[int] = set()  # ids a confirmation does not find (lost in a crash)
+        self.tickets: dict[int, int] = {}  # id → the start ticket of its last claim
+        self.starts: list[int] = []  # the start order recorded, in order
 
     def add(self, n: int, kind: str = "k", **fields: Any) -> list[Job]:
         start = len(self.pending) + len(self.done) + len(self.settled) + 1
@@ -55,14 +57,25 @@ class MemoryStore:
         self.pending.extend(jobs)
         return jobs
 
-    async def claim(self, n: int = 1, *, durable: bool = True) -> list[Job]:
+    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
         await trio.sleep(self.claim_seconds)
         self.claims.append(n)
         self.durable.append(durable)
         if self.next_claims:
             return self.next_claims.pop(0)
         taken, self.pending = self.pending[:n], self.pending[n:]
+        if ahead is not None:  # as the claim statement numbers them
+            ahead.tickets[:] = [0 if i < ahead.now_n else ahead.ticket + i + 1 - ahead.now_n
+                                for i in range(len(taken))]
+            self.tickets.update({j.id: t for j, t in zip(taken, ahead.tickets, strict=True)})
         return [replace(j, attempts=j.attempts + 1, lease=j.lease + 1) for j in taken]
+
+    async def register_claimant(self) -> int:
+        return 7
+
+    async def record_starts(self, claimant: int, upto: int) -> None:
+        await trio.sleep(0.001)
+        self.starts.append(upto)
 
     async def confirm(self, jobs: Sequence[Job]) -> set[int]:
         await trio.sleep(0.001)
@@ -75,9 +88,12 @@ class MemoryStore:
         self.sweeps += 1
         return 0
 
-    async def complete_batch(self, jobs: Sequence[Job]) -> tuple[set[int], bool]:
+    async def complete_batch(self, jobs: Sequence[Job], *,
+                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
         await trio.sleep(0.001)
         self.done.extend((j.id, j.lease) for j in jobs)
+        if starts is not None:
+            self.starts.append(starts[1])
         return {j.id for j in jobs}, False
 
     async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
@@ -177,6 +193,7 @@ async def test_a_new_claim_of_an_id_still_held_replaces_the_old_claim(autojump_c
                          [replace(c, attempts=1, lease=1)],
                          [replace(c, attempts=2, lease=2)]]
     pool = make_pool(store, {"k": work}, workers=2, batch=2, prefetch=2)
+    pool._kind_s["k"] = 0.001  # a fast kind: two may wait
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         await until(lambda: len(store.claims) >= 3)
@@ -354,7 +371,7 @@ async def test_woken_with_nothing_in_hand_the_fetcher_claims_two_and_sweeps_at_m
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         await until(lambda: len(store.claims) == 1)
-        assert store.claims == [8]  # the first claim: a batch (4 workers + 4 waiting)
+        assert store.claims == [5]  # the first claim: a batch (4 workers + 1 waiting: pace unknown)
         assert store.sweeps == 1
         store.add(1)
         pool.deps.doorbell.set()
