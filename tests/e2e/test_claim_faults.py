@@ -12,7 +12,6 @@ import json
 from collections import Counter
 from typing import Any
 
-
 from tests.support.processes import AutomProcess, AutomProcesses
 from tests.support.service import wait_until
 from tests.support.telegram_stub import TelegramStub

@@ -242,7 +242,8 @@ async def test_a_claim_holding_the_recipient_is_waited_for_and_then_seen(db: Any
     claimer = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn))
     try:
         rows = await trio.to_thread.run_sync(
-            lambda: claimer.execute(Q.claim, {"n": 1, "lease_seconds": 60.0, "durable": True}).fetchall())
+            lambda: claimer.execute(Q.claim, {"n": 1, "lease_seconds": 60.0, "durable": True, "claimant": None,
+                                              "ticket": 0, "now_n": 1}).fetchall())
         assert [r[0] for r in rows] == [earlier]  # claimed, not committed: the row is locked
         result: list[Any] = []
         async with trio.open_nursery() as nursery:
