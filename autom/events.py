@@ -57,6 +57,7 @@ import math
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, NamedTuple, Protocol
 
 import trio
@@ -539,7 +540,7 @@ class StoreBatcher:
             raise DatabaseUnavailable(TOO_LATE)
         if row["event_id"] is None:
             return Stored(None, 0)
-        job = _handed_job(row) if row["id"] is not None else None
+        job = _handed_job(row, handoff.lease_seconds) if row["id"] is not None else None
         return Stored(int(row["event_id"]), int(row["jobs_created"]), await self._hand(handoff, job, sent))
 
     @staticmethod
@@ -609,11 +610,18 @@ class StoreBatcher:
             self._hand_over()  # it was woken to lead, and never will
 
 
-def _handed_job(row: Row) -> Job:
-    """The handed-off job of an ``intake_store_handoff`` (or ``get_job``) row."""
+def _handed_job(row: Row, lease_seconds: float | None = None) -> Job:
+    """The handed-off job of an ``intake_store_handoff`` (with the ``lease_seconds`` it was
+    claimed for) or a ``get_job`` row."""
+    received_at = row.get("received_at")
+    if received_at is None and lease_seconds is not None and row["event_id"] is not None:
+        # the hand-off stores the event (received_at = now()) and claims its job (locked_until =
+        # now() + the lease) in one transaction, where now() is one instant
+        received_at = row["locked_until"] - timedelta(seconds=lease_seconds)
     return Job(id=int(row["id"]), kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
                max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
-               recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"])
+               recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"],
+               received_at=received_at)
 
 
 def _size(params: Mapping[str, Any]) -> int:

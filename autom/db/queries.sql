@@ -199,7 +199,10 @@ sync as (
     select set_config('synchronous_commit',
                       case when %(durable)s then current_setting('synchronous_commit') else 'off' end, true)
 )
-select c.* from claimed c, sync order by array_position((select ids from p), c.id);
+-- received_at: when the job's event arrived (Job.received_at), a primary key probe of
+-- events per claimed job that has one (bench/RESULTS.md, Job.received_at)
+select c.*, (select e.received_at from events e where e.id = c.event_id) as received_at
+from claimed c, sync order by array_position((select ids from p), c.id);
 
 -- name: confirm_claims
 -- Which of these claims (id, lease) are held, committed durably: a claim that commits
@@ -436,7 +439,8 @@ select r.id, r.locked_until from r;
 
 -- name: get_job
 select id, kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,
-       event_id, recipient, lease, created_at, updated_at, finished_at
+       event_id, recipient, lease, created_at, updated_at, finished_at,
+       (select e.received_at from events e where e.id = jobs.event_id) as received_at
 from jobs where id = %(id)s;
 
 -- name: heartbeat_record

@@ -57,6 +57,8 @@ class Job:
     key: str | None = None
     event_id: int | None = None
     run_at: datetime | None = None
+    #: when the job's event arrived (``events.received_at``); None for a job without an event
+    received_at: datetime | None = None
 
     @property
     def generation(self) -> int:
