@@ -23,7 +23,7 @@ from autom.db.queries import Q
 
 ADMIN = os.environ.get("AUTOM_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PROBE = "select c.*, (select e.received_at from events e where e.id = c.event_id) as received_at\nfrom claimed c, sync"
-PARAMS = {"n": 63, "lease_seconds": 60.0, "durable": True}
+PARAMS = {"n": 63, "lease_seconds": 60.0, "durable": True, "claimant": None, "ticket": 0, "now_n": 63}
 
 
 def backlog(dsn: str, *, events: bool, recipients: int) -> None:
