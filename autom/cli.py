@@ -219,7 +219,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
         print(f"job {job['id']} ({job['kind']}) is pending again with its attempts reset; it runs as soon as a "
               "worker is free")
         return 0
-    result = _run_ops(lambda ops: ops.retry_failed(args.kind, args.since))
+    from autom.ops import FailedFilter
+
+    result = _run_ops(lambda ops: ops.retry_failed(FailedFilter(kind=args.kind, since=args.since)))
     print(f"retried {len(result.retried)}, skipped {result.skipped} (no longer failed)")
     if result.more:
         print("more failed jobs match than one call takes: run the same command again")

@@ -122,7 +122,8 @@ def _escaped(match: re.Match[str]) -> str:
 
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a list (or a bulk retry) is about; ``None`` = any. ``since``/``until`` bound created_at."""
+    """Which jobs a list is about; ``None`` = any. ``since``/``until`` bound created_at,
+    ``failed_since`` finished_at (a list of failed jobs: "failed since")."""
 
     status: str | None = None
     kind: str | None = None
@@ -130,6 +131,7 @@ class JobFilter:
     event_id: int | None = None
     since: datetime | None = None
     until: datetime | None = None
+    failed_since: datetime | None = None
 
     def params(self) -> dict[str, Any]:
         """The filter as the named parameters of ``ops_list_jobs``."""
@@ -166,6 +168,31 @@ class Capped:
         return f"{self.cap:,}+" if self.capped else f"{self.n:,}"
 
 
+@dataclass(frozen=True)
+class FailedFilter:
+    """Which failed jobs a bulk retry takes; ``None`` = any. ``since`` bounds when they failed,
+    ``created_since``/``created_until`` when they were created (a console list's own range)."""
+
+    kind: str | None = None
+    recipient: str | None = None
+    since: datetime | None = None
+    event_id: int | None = None
+    created_since: datetime | None = None
+    created_until: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The filter as the named parameters of ``ops_failed_ids`` and ``ops_count_failed``."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FailedCount:
+    """What a bulk retry would take: ``total`` (capped) and how many of each kind, most first."""
+
+    total: Capped
+    by_kind: list[tuple[str, int]]
+
+
 class Operations:
     """Reads and fixes over one database.
 
@@ -180,6 +207,8 @@ class Operations:
         #: fills in what a replayed job's producer left open (its kind's max_attempts: the App's)
         self.defaults = defaults
         self.store = JobStore(db)
+        #: the App's registry (None: the built-ins and table kinds say which kinds exist)
+        self.registry: Registry | None = None
 
     @classmethod
     def of(cls, db: Database, registry: Registry | None) -> Operations:
@@ -187,24 +216,32 @@ class Operations:
         sources too and give its kinds' ``max_attempts``, as the intake does."""
         if registry is None:
             return cls(db)
-        return cls(db, registry.replay_sources(), defaults=registry.with_defaults)
+        ops = cls(db, registry.replay_sources(), defaults=registry.with_defaults)
+        ops.registry = registry
+        return ops
 
     # -- jobs ------------------------------------------------------------------------------
 
     async def list_jobs(
         self, filt: JobFilter | None = None, *, limit: int = 50, before: int | None = None,
-        statement_seconds: float | None = None,
+        before_at: datetime | None = None, statement_seconds: float | None = None,
     ) -> list[dict]:
         """The newest jobs matching ``filt``, older than id ``before`` (keyset paging).
+
+        Failed jobs (``filt.status`` failed) come newest failure first; their cursor is the
+        last row's ``finished_at`` (``before_at``) and id (``before_at`` None: that job's own).
 
         ``statement_seconds``: how long the query may run (``QueryError`` 57014 past it); the
         console passes one, the CLI and the admin API keep the pool's backstop.
         """
-        params = {**(filt or JobFilter()).params(), "limit": limit, "before": before}
+        filt = filt or JobFilter()
+        params = {**filt.params(), "limit": limit, "before": before, "before_at": before_at}
+        # failed jobs newest failure first (the on-call question: what broke just now?)
+        sql = Q.ops_list_failed if filt.status == "failed" else Q.ops_list_jobs
         if statement_seconds is None:
-            rows = await self.db.fetch_all(Q.ops_list_jobs, params)
+            rows = await self.db.fetch_all(sql, params)
         else:
-            rows = await fetch_all_bounded(self.db, Q.ops_list_jobs, params, seconds=statement_seconds)
+            rows = await fetch_all_bounded(self.db, sql, params, seconds=statement_seconds)
         return [job_json(r) for r in rows]
 
     async def failed_jobs(self, limit: int = 20) -> list[dict]:
@@ -259,24 +296,27 @@ class Operations:
                            "retry) can be cancelled")
         return job_json(row)
 
-    async def count_failed(self, kind: str | None = None, since: datetime | None = None,
-                           cap: int = BULK_RETRY_CAP, *, recipient: str | None = None) -> Capped:
-        """How many failed jobs ``retry_failed(kind, since, recipient=)`` would take, counted up to ``cap``."""
-        n = await self.db.fetch_val(Q.ops_count_failed,
-                                    {"kind": kind, "recipient": recipient, "since": since, "cap": cap})
-        return Capped(int(n or 0), cap)
+    async def count_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
+                           statement_seconds: float | None = None) -> FailedCount:
+        """How many failed jobs ``retry_failed(filt)`` would take, per kind, counted up to ``cap`` in all."""
+        params = {**(filt or FailedFilter()).params(), "cap": cap}
+        if statement_seconds is None:
+            rows = await self.db.fetch_all(Q.ops_count_failed, params)
+        else:
+            rows = await fetch_all_bounded(self.db, Q.ops_count_failed, params, seconds=statement_seconds)
+        by_kind = [(str(r["kind"]), int(r["n"])) for r in rows]
+        return FailedCount(Capped(sum(n for _, n in by_kind), cap), by_kind)
 
-    async def retry_failed(self, kind: str | None = None, since: datetime | None = None, *,
-                           recipient: str | None = None, cap: int = BULK_RETRY_CAP,
+    async def retry_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
                            batch: int = BULK_RETRY_BATCH) -> BulkRetry:
-        """Retry every failed job of ``kind`` and ``recipient`` that failed at or after ``since`` (each optional).
+        """Retry every failed job ``filt`` matches (each of its fields optional).
 
         At most ``cap`` jobs per call, in statements of ``batch`` rows, oldest first;
         a job that left ``failed`` meanwhile (retried or deleted by someone else) is
         counted in ``skipped``.
         """
         ids = [r["id"] for r in await self.db.fetch_all(
-            Q.ops_failed_ids, {"kind": kind, "recipient": recipient, "since": since, "limit": cap + 1})]
+            Q.ops_failed_ids, {**(filt or FailedFilter()).params(), "limit": cap + 1})]
         more = len(ids) > cap
         ids = ids[:cap]
         retried: list[int] = []
@@ -288,13 +328,36 @@ class Operations:
 
     # -- kinds -----------------------------------------------------------------------------
 
+    async def known_kinds(self) -> list[str]:
+        """The kinds a handler serves: the App's (the service, or the CLI with AUTOM_APP); without
+        one, the built-ins and every kind a replica's App registered at its start (table kinds)."""
+        if self.registry is not None:
+            return sorted(self.registry.handlers)
+        from autom.handlers import builtin_handlers
+
+        rows = await self.db.fetch_all(Q.ops_known_kinds)
+        return sorted(set(builtin_handlers()) | {str(r["kind"]) for r in rows})
+
     async def pause_kind(self, kind: str) -> bool:
-        """Pause ``kind`` (its jobs stay pending, on every replica); False if it was paused already."""
+        """Pause ``kind`` (its jobs stay pending, on every replica); False if it was paused already.
+
+        ``NotFound`` for a kind no handler serves (a misspelt kind would pause nothing).
+        """
+        known = await self.known_kinds()
+        if kind not in known:
+            raise NotFound(f"no handler serves kind {visible(kind, one_line=True)!r}: nothing to pause "
+                           f"(kinds: {', '.join(known)})")
         return await self.db.fetch_one(Q.ops_pause_kind, {"kind": kind}) is not None
 
     async def resume_kind(self, kind: str) -> bool:
-        """Resume ``kind``; False if it was not paused."""
-        return await self.db.fetch_one(Q.ops_resume_kind, {"kind": kind}) is not None
+        """Resume ``kind``; False if it was not paused (``NotFound`` if it is neither paused nor served)."""
+        if await self.db.fetch_one(Q.ops_resume_kind, {"kind": kind}) is not None:
+            return True  # also a kind no handler serves any more: its pause can always be lifted
+        known = await self.known_kinds()
+        if kind not in known:
+            raise NotFound(f"no handler serves kind {visible(kind, one_line=True)!r} and it is not paused "
+                           f"(kinds: {', '.join(known)})")
+        return False
 
     async def paused_kinds(self) -> list[dict]:
         """The paused kinds, with when each was paused."""

@@ -14,8 +14,31 @@ where (%(status)s::text is null or status = %(status)s)
   and (%(event_id)s::bigint is null or event_id = %(event_id)s)
   and (%(since)s::timestamptz is null or created_at >= %(since)s)
   and (%(until)s::timestamptz is null or created_at < %(until)s)
+  and (%(failed_since)s::timestamptz is null or finished_at >= %(failed_since)s)
   and (%(before)s::bigint is null or id < %(before)s)
 order by id desc
+limit %(limit)s;
+
+-- name: ops_list_failed
+-- Failed jobs, newest failure first (jobs_finished), with ops_list_jobs' filters
+-- (since/until bound created_at, failed_since finished_at). The keyset cursor is the
+-- last row's (finished_at, id): before_at, or that job's own finished_at when the
+-- caller has only its id.
+select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
+       recipient, payload, created_at, updated_at, finished_at
+from jobs
+where status = 'failed' and finished_at is not null
+  and (%(kind)s::text is null or kind = %(kind)s)
+  and (%(recipient)s::text is null or recipient = %(recipient)s)
+  and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+  and (%(since)s::timestamptz is null or created_at >= %(since)s)
+  and (%(until)s::timestamptz is null or created_at < %(until)s)
+  and (%(failed_since)s::timestamptz is null or finished_at >= %(failed_since)s)
+  and (%(before)s::bigint is null
+       or (finished_at, id) < (coalesce(%(before_at)s::timestamptz,
+                                        (select b.finished_at from jobs b where b.id = %(before)s)),
+                               %(before)s))
+order by finished_at desc, id desc
 limit %(limit)s;
 
 -- name: ops_failed_jobs
@@ -84,27 +107,40 @@ wake as (select pg_notify('autom_jobs', '') from c)
 select c.* from c, (select count(*) from wake) w;
 
 -- name: ops_failed_ids
--- The failed jobs a bulk retry takes (kind, recipient and since = finished at or
--- after are optional), oldest first, at most %(limit)s: the caller retries them in batches.
+-- The failed jobs a bulk retry takes (kind, recipient, since = finished at or after,
+-- event_id and created_since/created_until = the list's created_at bounds; each optional), oldest first, at most %(limit)s: the caller retries them in batches.
 select id from jobs
 where status = 'failed'
   and (%(kind)s::text is null or kind = %(kind)s)
   and (%(recipient)s::text is null or recipient = %(recipient)s)
   and (%(since)s::timestamptz is null or finished_at >= %(since)s)
+  and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+  and (%(created_since)s::timestamptz is null or created_at >= %(created_since)s)
+  and (%(created_until)s::timestamptz is null or created_at < %(created_until)s)
 order by id
 limit %(limit)s;
 
 -- name: ops_count_failed
--- How many failed jobs a bulk retry would take, counted up to %(cap)s only (a count
--- of a whole big table costs what a page must not; the caller shows "cap+").
-select count(*) from (
-    select 1 from jobs
+-- How many failed jobs a bulk retry would take, per kind, counted up to %(cap)s in
+-- all (a count of a whole big table costs what a page must not; the caller shows
+-- "cap+"). Filters as in ops_failed_ids.
+select kind, count(*) as n from (
+    select kind from jobs
     where status = 'failed'
       and (%(kind)s::text is null or kind = %(kind)s)
       and (%(recipient)s::text is null or recipient = %(recipient)s)
       and (%(since)s::timestamptz is null or finished_at >= %(since)s)
+      and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+      and (%(created_since)s::timestamptz is null or created_at >= %(created_since)s)
+      and (%(created_until)s::timestamptz is null or created_at < %(created_until)s)
     limit %(cap)s
-) c;
+) c
+group by kind
+order by n desc, kind;
+
+-- name: ops_known_kinds
+-- The kinds some replica's App registered (migrations/0022: written at every start).
+select kind from kinds order by kind;
 
 -- name: ops_get_event
 select e.id, e.source, e.received_at, e.dedup_key, e.headers, e.body,

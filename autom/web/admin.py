@@ -11,10 +11,10 @@ carries ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``.
 
 Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 
-* ``GET  /admin/jobs?status=&kind=&recipient=&event_id=&since=&until=&before=&limit=50``
-  200 ``{"jobs": [...]}``, newest first (``before``: the keyset cursor, the last id
-  of the previous page; ``since``/``until`` bound created_at, ISO 8601 or an age
-  such as ``6h``).
+* ``GET  /admin/jobs?status=&kind=&recipient=&event_id=&since=&until=&failed_since=&before=&limit=50``
+  200 ``{"jobs": [...]}``, newest first, failed jobs newest failure first (``before``: the
+  keyset cursor, the last id of the previous page; ``since``/``until`` bound created_at,
+  ``failed_since`` finished_at, ISO 8601 or an age such as ``6h``).
 * ``GET  /admin/jobs/{id}``                    200 the job with its ``attempt_log``; 404 unknown.
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
 * ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled; 409 unless pending; 404.
@@ -27,7 +27,8 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``POST /admin/events/{id}/replay``           202 ``{"jobs": [ids created]}`` (always new jobs);
   409 source unknown or body unparsable; 404.
 * ``GET  /admin/kinds/paused``                 200 ``{"paused": [{"kind","paused_at"}]}``.
-* ``POST /admin/kinds/{kind}/pause`` / ``resume``  200 ``{"kind","paused","changed"}``.
+* ``POST /admin/kinds/{kind}/pause`` / ``resume``  200 ``{"kind","paused","changed"}``; 404 for a
+  kind no handler serves (resume: unless it is paused), naming it.
 * ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour, paused kinds.
 
 Every query parameter is checked (``autom.web.params``): an unknown one, one
@@ -59,7 +60,7 @@ from autom.admission import retry_after
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, QueryError
 from autom.errors import NotFound as RowNotFound
-from autom.ops import BULK_RETRY_CAP, JobFilter, Operations, query_error_message, visible
+from autom.ops import BULK_RETRY_CAP, FailedFilter, JobFilter, Operations, query_error_message, visible
 from autom.web import params as p
 from autom.web.lockout import Lockout
 from autom.web.params import MAX_ID, BadParameter
@@ -76,7 +77,7 @@ _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 #: the query parameters of each list (``autom.web.params``)
 JOB_FILTERS: dict[str, p.Parser] = {
     "status": p.status, "kind": p.text, "recipient": p.text, "event_id": p.ident,
-    "since": p.when, "until": p.when,
+    "since": p.when, "until": p.when, "failed_since": p.when,
 }
 JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
@@ -219,8 +220,7 @@ class Admin:
             return error_response(400, str(exc))
 
         async def retry() -> dict[str, Any]:
-            result = await self._ops.retry_failed(q["kind"], q["since"], recipient=q["recipient"],
-                                                  cap=BULK_RETRY_CAP)
+            result = await self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP)
             if result.retried:
                 self._deps.doorbell.set()
             log.info("admin: retried %d failed job(s), skipped %d", len(result.retried), result.skipped,

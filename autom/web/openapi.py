@@ -438,11 +438,13 @@ _PATHS: dict[str, Any] = {
                 _query("kind", _NAME),
                 _query("recipient", _NAME),
                 _query("event_id", _ID),
+                _query("failed_since", _SINCE, "finished_at at or after (failed jobs: failed since)."),
             ],
             bad_request="An unknown, repeated or malformed query parameter (named in the message).",
             description=(
                 "Every filter is optional; an empty value counts as not given. An unknown query parameter "
-                "is 400, never ignored. Page with `before` = the last id of the previous page."
+                "is 400, never ignored. Page with `before` = the last id of the previous page. Failed jobs "
+                "(`status=failed`) come newest failure first (finished_at, then id)."
             ),
         ),
     },
@@ -521,14 +523,16 @@ _PATHS: dict[str, Any] = {
     "/admin/kinds/{kind}/pause": {
         "post": _admin_operation(
             "pauseKind", "Pause a kind: its jobs stay pending (every replica) until resumed",
-            {"200": _json("Paused.", _ref("KindState")), "400": _BAD_KIND},
+            {"200": _json("Paused.", _ref("KindState")), "400": _BAD_KIND,
+             "404": _error("No handler serves this kind (the message names it and the kinds that exist).")},
             parameters=[_KIND_PARAMETER],
         ),
     },
     "/admin/kinds/{kind}/resume": {
         "post": _admin_operation(
             "resumeKind", "Resume a paused kind",
-            {"200": _json("Resumed.", _ref("KindState")), "400": _BAD_KIND},
+            {"200": _json("Resumed.", _ref("KindState")), "400": _BAD_KIND,
+             "404": _error("The kind is not paused and no handler serves it.")},
             parameters=[_KIND_PARAMETER],
         ),
     },

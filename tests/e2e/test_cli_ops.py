@@ -231,6 +231,9 @@ async def test_pause_and_resume_a_kind(dsn, db, tmp_path):
     assert resumed.returncode == 0 and "is resumed" in resumed.stdout
     assert [j.id for j in await store.claim(10)] == [held]
     assert "was not paused" in (await autom("resume", "site.form", env=env_for(dsn), cwd=tmp_path)).stdout
+    typo = await autom("pause", "site.from", env=env_for(dsn), cwd=tmp_path)
+    assert typo.returncode == 1 and "site.from" in typo.stderr and "Traceback" not in typo.stderr
+    assert await db.fetch_val("select count(*) from paused_kinds") == 0
 
 
 async def test_jobs_lists_with_filters_and_json(dsn, db, tmp_path):

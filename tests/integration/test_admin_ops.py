@@ -118,6 +118,7 @@ async def test_bulk_retry_honours_its_json_body_and_refuses_unknown_fields(app: 
 
 async def test_a_post_that_takes_no_field_refuses_a_body_with_one(app: RunningApp, db: Any) -> None:
     job = await insert_job(db, kind="a", status="failed", attempts=8)
+    await JobStore(db).register_kinds({"a": 8})
     for path in (f"/admin/jobs/{job}/retry", f"/admin/jobs/{job}/cancel", "/admin/kinds/a/pause"):
         for body in (b'{"run_at": "now"}', b"[1]", b"not json"):
             refused = await app.client.post(path, content=body, headers=AUTH)
@@ -133,8 +134,9 @@ async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:
 
     ids = [await insert_job(db, kind="a", status="failed", attempts=8) for _ in range(7)]
     ops = Operations(db)
-    assert str(await ops.count_failed(cap=5)) == "5+"
-    assert str(await ops.count_failed(cap=50)) == "7"
+    assert str((await ops.count_failed(cap=5)).total) == "5+"
+    assert str((await ops.count_failed(cap=50)).total) == "7"
+    assert (await ops.count_failed(cap=50)).by_kind == [("a", 7)]
     first = await ops.retry_failed(cap=5, batch=2)
     assert (first.retried, first.skipped, first.more) == (ids[:5], 0, True)
     rest = await ops.retry_failed(cap=5, batch=2)
@@ -143,6 +145,7 @@ async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:
 
 async def test_pause_holds_a_kind_on_every_lane_and_resume_releases_it(app: RunningApp, db: Any) -> None:
     store = JobStore(db)
+    await store.register_kinds({"slow.kind": 8, "other.kind": 8})  # as a replica's App does at start
     free = await store.enqueue(NewJob("slow.kind", {}))
     chat_head = await store.enqueue(NewJob("slow.kind", {}, recipient="c1"))
     chat_next = await store.enqueue(NewJob("other.kind", {}, recipient="c1"))
@@ -244,3 +247,26 @@ async def test_attempt_log_of_a_job_that_failed_once_then_ran(dsn: str, db: Any,
         assert [(a["attempt"], a["outcome"]) for a in log] == [(1, "retry"), (2, "done")]
         assert "502" in log[0]["error"]
         assert log[1]["ended_at"] is not None and log[1]["error"] is None
+
+
+async def test_pausing_a_kind_no_handler_serves_is_404_naming_it(app: RunningApp, db: Any) -> None:
+    typo = await app.client.post("/admin/kinds/telegram.mesage/pause", headers=AUTH)
+    assert typo.status_code == 404 and "telegram.mesage" in typo.json()["error"]
+    assert "site.form" in typo.json()["error"]  # the kinds that exist are named
+    assert (await app.client.post("/admin/kinds/telegram.mesage/resume", headers=AUTH)).status_code == 404
+    assert await db.fetch_val("select count(*) from paused_kinds") == 0
+    # a kind paused while it was served can always be resumed, served or not
+    await db.execute("insert into paused_kinds (kind) values ('gone.kind')")
+    resumed = await app.client.post("/admin/kinds/gone.kind/resume", headers=AUTH)
+    assert resumed.status_code == 200 and resumed.json()["changed"] is True
+
+
+async def test_failed_jobs_list_newest_failure_first_with_failed_since(app: RunningApp, db: Any) -> None:
+    early = await insert_job(db, kind="k", status="failed", finished_at="2026-01-01T10:00:00Z")
+    late = await insert_job(db, kind="k", status="failed", finished_at="2026-01-01T12:00:00Z")
+    listed = (await app.client.get("/admin/jobs?status=failed", headers=AUTH)).json()["jobs"]
+    assert [j["id"] for j in listed] == [late, early]
+    page = (await app.client.get(f"/admin/jobs?status=failed&before={late}", headers=AUTH)).json()["jobs"]
+    assert [j["id"] for j in page] == [early]
+    since = await app.client.get("/admin/jobs?status=failed&failed_since=2026-01-01T11:00:00Z", headers=AUTH)
+    assert [j["id"] for j in since.json()["jobs"]] == [late]

@@ -159,7 +159,7 @@ async def test_logout_ends_the_session_on_the_server_a_replayed_cookie_is_no_ses
     async with httpx.AsyncClient(base_url=app.url, cookies={COOKIE: cookie}) as replay:
         page = await replay.get("/ui/jobs")
         assert (page.status_code, page.headers["location"]) == (302, "/ui/login?next=%2Fui%2Fjobs")
-        action = await replay.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "k.a"})
+        action = await replay.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "site.form"})
         assert (action.status_code, action.headers["location"]) == (303, "/ui/login")
         form = await replay.get("/ui/login")  # the form, not a redirect back to /ui/ (a loop)
         assert form.status_code == 200 and 'name="token"' in form.text
@@ -350,7 +350,7 @@ async def test_a_crafted_link_shows_no_notice_of_an_action_that_did_not_happen(a
                             (f"/ui/events/{event}?created=none", "Replayed"),
                             (f"/ui/events/{event}?created={job}&seal=" + "0" * 32, "Replayed"),
                             (f"/ui/jobs/{job}?notice=retried", "Put back in the queue"),
-                            ("/ui/?notice=paused", "Paused: its jobs stay pending")):
+                            ("/ui/?notice=paused:k.a", "Paused k.a: its jobs stay pending")):
             page = await client.get(path)
             assert page.status_code == 200 and claim not in page.text, path
         # the real thing says so, once, on this session's page
@@ -390,6 +390,7 @@ async def test_bulk_retry_confirms_with_a_count_then_says_what_it_did(app: Runni
         assert 'href="/ui/retry-failed?kind=k.a"' in listing
         confirm = (await client.get("/ui/retry-failed?kind=k.a")).text
         assert "3 failed job(s) match" in confirm and ">Retry</button>" in confirm
+        assert '<tr><td>k.a</td><td class="num">3</td></tr>' in confirm
         done = await client.post("/ui/retry-failed", data={"csrf": csrf, "kind": "k.a", "since": ""})
         assert done.status_code == 200 and "Retried 3, skipped 0" in done.text
         statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
@@ -417,12 +418,23 @@ async def test_bulk_retry_from_a_list_filtered_by_recipient_retries_only_that_re
 
 async def test_pause_and_resume_from_the_overview(app: RunningApp, db: Any) -> None:
     await insert_job(db, kind="k.a", status="failed")
+    await JobStore(db).register_kinds({"k.a": 8})  # as a replica's App does at start
     async with logged_in(app) as (client, csrf):
+        overview = (await client.get("/ui/")).text
+        # the paused kinds come before the numbers, and only registered kinds are offered
+        assert overview.index("Paused kinds") < overview.index("Done and failed per minute")
+        assert '<option value="k.a">k.a</option>' in overview
+        assert '<option value="telegram.message">' in overview
         response = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "k.a"})
-        assert response.status_code == 303 and response.headers["location"].startswith("/ui/?notice=paused&seal=")
+        assert response.status_code == 303
+        assert response.headers["location"].startswith("/ui/?notice=paused%3Ak.a&seal=")
         page = (await client.get(response.headers["location"])).text
-        assert "Paused: its jobs stay pending" in page and ">Resume</button>" in page
+        assert "Paused k.a: its jobs stay pending" in page and ">Resume</button>" in page
         assert 'class="badge">paused' in page
+        # a misspelt kind is refused, named
+        typo = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": "telegram.mesage"})
+        assert typo.status_code == 400 and "telegram.mesage" in typo.text
+        assert await db.fetch_val("select count(*) from paused_kinds where kind = 'telegram.mesage'") == 0
         assert (await client.post("/ui/kinds/resume", data={"csrf": csrf, "kind": "k.a"})).status_code == 303
         assert await db.fetch_val("select count(*) from paused_kinds") == 0
         empty = await client.post("/ui/kinds/pause", data={"csrf": csrf, "kind": " "})
@@ -502,3 +514,43 @@ async def test_ui_without_the_slash_and_unknown_console_paths(app: RunningApp) -
     assert "text/html" in missing.headers["content-type"] and "default-src 'none'" in missing.headers[
         "content-security-policy"]
     assert (await app.client.put("/ui/jobs")).status_code == 405
+
+
+async def test_failed_list_is_newest_failure_first_with_failed_since_and_pages(app: RunningApp, db: Any) -> None:
+    # created in one order, failed in the reverse: the list follows the failures
+    early = await insert_job(db, kind="k.a", status="failed", finished_at="2026-01-01T10:00:00Z")
+    late = await insert_job(db, kind="k.a", status="failed", finished_at="2026-01-01T12:00:00Z")
+    middle = await insert_job(db, kind="k.b", status="failed", finished_at="2026-01-01T11:00:00Z")
+    async with logged_in(app) as (client, _):
+        page = (await client.get("/ui/jobs?status=failed")).text
+        shown = [int(x) for x in re.findall(r'<td><a href="/ui/jobs/(\d+)">', page)]
+        assert shown == [late, middle, early]
+        first = (await client.get("/ui/jobs?status=failed&limit=2")).text
+        assert [int(x) for x in re.findall(r'<td><a href="/ui/jobs/(\d+)">', first)] == [late, middle]
+        older = re.search(r'href="/ui/jobs\?([^"]+)">Older', first)
+        assert older is not None
+        rest = (await client.get("/ui/jobs?" + older.group(1).replace("&amp;", "&"))).text
+        assert [int(x) for x in re.findall(r'<td><a href="/ui/jobs/(\d+)">', rest)] == [early]
+        since = (await client.get("/ui/jobs?status=failed&failed_since=2026-01-01T10:30:00Z")).text
+        assert [int(x) for x in re.findall(r'<td><a href="/ui/jobs/(\d+)">', since)] == [late, middle]
+
+
+async def test_bulk_retry_keeps_every_filter_of_the_list_and_counts_per_kind(app: RunningApp, db: Any) -> None:
+    hit = [await insert_job(db, kind=kind, status="failed", recipient="chat-1", finished_at="2026-01-01T12:00:00Z")
+           for kind in ("k.a", "k.a", "k.b")]
+    stale = await insert_job(db, kind="k.a", status="failed", recipient="chat-1", finished_at="2026-01-01T08:00:00Z")
+    other = await insert_job(db, kind="k.a", status="failed", recipient="chat-2", finished_at="2026-01-01T12:00:00Z")
+    async with logged_in(app) as (client, _):
+        listing = (await client.get("/ui/jobs?status=failed&recipient=chat-1&failed_since=2026-01-01T11:00:00Z")).text
+        link = re.search(r'href="(/ui/retry-failed\?[^"]+)"', listing)
+        assert link is not None
+        confirm = (await client.get(link.group(1).replace("&amp;", "&"))).text
+        assert "3 failed job(s) match" in confirm
+        assert '<tr><td>k.a</td><td class="num">2</td></tr>' in confirm
+        assert '<tr><td>k.b</td><td class="num">1</td></tr>' in confirm
+        fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', confirm))
+        assert fields["recipient"] == "chat-1" and fields["since"] == "2026-01-01T11:00:00Z"
+        done = await client.post("/ui/retry-failed", data=fields)
+        assert done.status_code == 200 and "Retried 3, skipped 0" in done.text
+    statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
+    assert statuses == {**dict.fromkeys(hit, "pending"), stale: "failed", other: "failed"}

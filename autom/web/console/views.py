@@ -18,7 +18,7 @@ from autom.admission import retry_after
 from autom.db.queries import Q
 from autom.deps import Deps
 from autom.errors import Conflict, DatabaseUnavailable, NotFound, QueryError
-from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, JobFilter, Operations, error_headline, visible
+from autom.ops import BULK_RETRY_CAP, JOB_STATUSES, FailedFilter, JobFilter, Operations, error_headline, visible
 from autom.web import params as p
 from autom.web.console import present
 from autom.web.console.auth import COOKIE, SKEW_SECONDS, Session, Sessions, cross_site
@@ -52,18 +52,24 @@ SECURITY_HEADERS = {
 
 JOB_FILTERS: dict[str, p.Parser] = {
     "status": p.status, "kind": p.text, "recipient": p.text, "event_id": p.ident, "since": p.when, "until": p.when,
+    "failed_since": p.when,
 }
-JOB_PAGE = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_PAGE)}
+JOB_PAGE = {**JOB_FILTERS, "before": p.ident, "before_at": p.when, "limit": p.limit(MAX_PAGE)}
 EVENT_PAGE = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_PAGE)}
-RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when}
+#: a bulk retry's filters: the Failed list's own (since = failed since; created_since/_until = its created range)
+RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when, "event_id": p.ident,
+                "created_since": p.when, "created_until": p.when}
 #: what a redirect after an action may tell the page it lands on (never free text)
 NOTICES = {
     "retried": "Put back in the queue: it runs as soon as a worker is free.",
     "cancelled": "Cancelled: it will not run.",
-    "paused": "Paused: its jobs stay pending until resumed.",
-    "resumed": "Resumed: its jobs run again.",
-    "already-paused": "It was paused already.",
-    "not-paused": "It was not paused.",
+}
+#: ... after a pause or resume, naming the kind (the sealed notice is "paused:KIND")
+KIND_NOTICES = {
+    "paused": "Paused {}: its jobs stay pending until resumed.",
+    "resumed": "Resumed {}: its jobs run again.",
+    "already-paused": "{} was paused already.",
+    "not-paused": "{} was not paused.",
 }
 
 
@@ -258,16 +264,18 @@ class Console:
         failing = await self._maybe(self._ops.failed_by_kind(60, QUERY_SECONDS))
         health = await self._maybe(self._ops.health(QUERY_SECONDS))
         paused = await self._maybe(self._ops.paused_kinds())
+        kinds = await self._maybe(self._ops.known_kinds())
         beat = health["last_heartbeat"] if health else None
         return await self._render(
             "overview.html",
             table=present.count_table(counts) if counts is not None else None,
             chart=present.throughput_chart(rows, now) if rows is not None else None,
             health=health, paused=paused, paused_names={r["kind"] for r in paused or []}, failing=failing,
+            kinds=kinds or [],
             refresh=refresh, refresh_choices=REFRESH,
             lag=present.age(health["queue_lag_seconds"]) if health else "—",
             heartbeat_age=present.age((now - beat).total_seconds()) if beat else None,
-            notice=NOTICES.get(self._told("notice", q["notice"], q["seal"]) or ""), updated=now,
+            notice=_kind_notice(self._told("notice", q["notice"], q["seal"])), updated=now,
         )
 
     async def jobs(self) -> Response | str:
@@ -280,7 +288,8 @@ class Console:
         limit = q["limit"] or PAGE
         filt = JobFilter(**{k: q[k] for k in JOB_FILTERS})
         try:
-            jobs = await self._ops.list_jobs(filt, limit=limit, before=q["before"], statement_seconds=QUERY_SECONDS)
+            jobs = await self._ops.list_jobs(filt, limit=limit, before=q["before"], before_at=q["before_at"],
+                                             statement_seconds=QUERY_SECONDS)
         except (DatabaseUnavailable, QueryError) as exc:
             return await self._render("jobs.html", 503, jobs=[], error=_db_message(exc), filters=_echo(request.args),
                                       statuses=JOB_STATUSES, next_page=None, limit=limit)
@@ -288,11 +297,15 @@ class Console:
             job["headline"] = error_headline(job.get("last_error"))
         next_page = None
         if len(jobs) == limit:
-            next_page = _query_string(request.args, before=str(jobs[-1]["id"]))
+            # failed jobs page by (finished_at, id): the cursor carries both
+            last = jobs[-1]
+            at = last["finished_at"] if q["status"] == "failed" else None
+            next_page = _query_string(request.args, before=str(last["id"]), before_at=at)
         return await self._render("jobs.html", jobs=jobs, error=None, filters=_echo(request.args),
                                   statuses=JOB_STATUSES, next_page=next_page, limit=limit,
-                                  first_page=_query_string(request.args, before=None) if q["before"] else None,
-                                  retry_all=_retry_all_link(q))
+                                  first_page=_query_string(request.args, before=None, before_at=None)
+                                  if q["before"] else None,
+                                  retry_all=_retry_all_link(request.args, q))
 
     async def job(self, job_id: str) -> Response | str:
         """``GET /ui/jobs/{id}``: everything about one job, with Retry / Cancel where allowed."""
@@ -385,26 +398,24 @@ class Console:
         return _redirect(self._sealed(f"/ui/events/{ident}", "created", ",".join(map(str, created)) or "none"), 303)
 
     async def retry_failed_page(self) -> Response | str:
-        """``GET /ui/retry-failed?kind=&since=``: how many would be retried, and the button."""
+        """``GET /ui/retry-failed?kind=&recipient=&since=...``: how many would be retried, per kind, and the button."""
         try:
             q = p.parse_query(request.args.items(multi=True), RETRY_FILTER)
-            count = await self._call(self._ops.count_failed(q["kind"], q["since"], cap=BULK_RETRY_CAP,
-                                                            recipient=q["recipient"]))
+            count = await self._call(self._ops.count_failed(FailedFilter(**q), cap=BULK_RETRY_CAP,
+                                                            statement_seconds=QUERY_SECONDS))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
-        return await self._render("retry_failed.html", count=count, kind=request.args.get("kind", ""),
-                                  recipient=request.args.get("recipient", ""), since=request.args.get("since", ""),
+        return await self._render("retry_failed.html", count=count, filters=_retry_echo(request.args),
                                   result=None, cap=BULK_RETRY_CAP)
 
     async def retry_failed(self) -> Response | str:
-        """``POST /ui/retry-failed`` (fields kind, since): retry them in batches; say how many."""
+        """``POST /ui/retry-failed`` (the confirm page's filters): retry them in batches; say how many."""
         form = await request.form
         try:
             q = p.parse_query(((k, v) for k, v in form.items(multi=True) if k != "csrf"), RETRY_FILTER)
-            result = await self._call(self._ops.retry_failed(q["kind"], q["since"], recipient=q["recipient"],
-                                                             cap=BULK_RETRY_CAP))
+            result = await self._call(self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
@@ -412,8 +423,7 @@ class Console:
         if result.retried:
             self._deps.doorbell.set()
         log.info("console: retried %d failed job(s), skipped %d", len(result.retried), result.skipped)
-        return await self._render("retry_failed.html", count=None, kind=form.get("kind", ""),
-                                  recipient=form.get("recipient", ""), since=form.get("since", ""), result=result,
+        return await self._render("retry_failed.html", count=None, filters=_retry_echo(form), result=result,
                                   cap=BULK_RETRY_CAP)
 
     async def pause(self) -> Response | str:
@@ -434,12 +444,12 @@ class Console:
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
-            return await self._error(exc.status, str(exc))
+            return await self._error(400 if exc.status == 404 else exc.status, str(exc))
         if changed and not pause:
             self._deps.doorbell.set()
         log.info("console: kind %s %s", kind, "paused" if pause else "resumed", extra={"kind": kind})
         notice = ("paused" if changed else "already-paused") if pause else ("resumed" if changed else "not-paused")
-        return _redirect(self._sealed("/ui/", "notice", notice), 303)
+        return _redirect(self._sealed("/ui/", "notice", f"{notice}:{kind}"), 303)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -553,17 +563,28 @@ def _query_string(args: Any, **changes: str | None) -> str:
     return urlencode(values)
 
 
-def _retry_all_link(q: Mapping[str, Any]) -> str | None:
-    """The bulk-retry confirm page for this list's kind and recipient, when it lists failed jobs.
+def _kind_notice(told: str | None) -> str | None:
+    """The overview's notice after a pause or resume (``paused:KIND``), naming the kind."""
+    name, _, kind = (told or "").partition(":")
+    return KIND_NOTICES[name].format(kind) if name in KIND_NOTICES and kind else None
 
-    The kind and recipient go along; not the time range: the confirm page's own "failed
-    since" is about when jobs failed, not when they were created (this list's since), and
-    it says so.
-    """
+
+#: a Failed list's filter → the bulk retry's field of the same meaning
+_RETRY_KEEPS = {"kind": "kind", "recipient": "recipient", "event_id": "event_id", "failed_since": "since",
+                "since": "created_since", "until": "created_until"}
+
+
+def _retry_all_link(args: Mapping[str, str], q: Mapping[str, Any]) -> str | None:
+    """The bulk-retry confirm page for exactly this list's filters, when it lists failed jobs."""
     if q["status"] != "failed":
         return None
-    kept = {name: q[name] for name in ("kind", "recipient") if q[name]}
+    kept = {field: args[name] for name, field in _RETRY_KEEPS.items() if q[name] is not None and args.get(name)}
     return "/ui/retry-failed" + (f"?{urlencode(kept)}" if kept else "")
+
+
+def _retry_echo(args: Mapping[str, str]) -> dict[str, str]:
+    """The bulk retry's filters as given (to show and to send again), every field present."""
+    return {name: str(args.get(name, ""))[:300] for name in RETRY_FILTER}
 
 
 def _redirect(location: str, status: int) -> Response:
