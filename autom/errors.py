@@ -151,9 +151,13 @@ class Defer(JobError):
     bounded: a job still refused MAX_DEFER_SECONDS after the first of them (waits in
     between do not reset the count; a retry or completion does) fails for good with
     the usual alert, instead of deferring for ever.
+
+    ``quiet`` (set by the send limiter, autom/limits.py): the wait is counted and logged
+    there (once a minute), so the worker logs it at debug level only.
     """
 
     refused = False
+    quiet = False
 
     def __init__(self, message: str = "deferred", *, after: float) -> None:
         super().__init__(message)

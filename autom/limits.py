@@ -1,36 +1,22 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009).
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026).
 
 Telegram allows about one message a second per chat, twenty a minute per group and
-about thirty a second per bot; beyond that it answers 429 with a ``retry_after``
-(Telegram's Bot API FAQ). A limiter per process, as the Python libraries have,
-lets N replicas send N times that. ``SendLimiter`` keeps the state in the database:
-
-* per chat, the earliest time of its next message: TELEGRAM_CHAT_RATE per second
-  with no burst; a group chat (negative id) also at most ``GROUP_PER_MINUTE`` a
-  minute, spaced evenly;
-* for the bot, one budget of TELEGRAM_GLOBAL_RATE per second (a GCRA, burst at most
-  the rate), of which the last slot of a burst is kept for alerts (``priority``).
-  Alerts also skip their chat's spacing: the alert sender's throttle (a few a
-  minute, then one summary) spaces them already, and it waits out a 429 itself.
-
-``acquire`` takes the right to send now in one statement, or raises
-``autom.errors.Defer(after=s)``: the worker puts the job back for ``s`` seconds with
-its attempt given back. No worker sleeps waiting for a limit. ``pushed`` records a
-429: that chat waits ``retry_after`` (in every replica), and ``FLOOD_THRESHOLD`` 429s
-within ``FLOOD_WINDOW`` seconds pause every send for that long (Telegram's limit on
-the bot itself was hit, whatever our settings say).
-
-A long text is split (``split_text``) into parts of at most 4,096 UTF-16 units; the
-parts of one message are acquired together and go out in order, one chat interval
-apart. ``record_parts`` notes each part sent (fenced by the job's lease), so the job's
-next run resumes at the first part not sent (autom/telegram.py). ``block`` marks a
-chat that blocked the bot and cancels its pending Telegram jobs; ``acquire`` refuses a
-marked chat (``ChatBlocked``) without taking a slot (migrations/0020).
+about thirty a second per bot, and answers more with 429 and a ``retry_after``.
+``SendLimiter`` keeps the state in the database: per chat the earliest time of its
+next message (TELEGRAM_CHAT_RATE a second, groups also ``GROUP_PER_MINUTE`` a minute),
+and one GCRA budget of TELEGRAM_GLOBAL_RATE a second for the bot (its last burst slot
+kept for alerts). ``acquire`` takes the right to send now, or reserves the job's next
+slot and raises ``Defer`` to exactly it, so the job's next run sends without another
+wait; ``pushed`` records a 429 (that chat, or after several all sends, wait). Waits are
+counted (``autom_telegram_waits_total``) and logged at most once a minute per reason.
+Long texts are split (``split_text``); ``block`` marks a chat that blocked the bot.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -42,6 +28,7 @@ if TYPE_CHECKING:
     from autom.config import Settings
     from autom.db.bridge import Database
     from autom.jobs.models import Job
+    from autom.metrics import Metrics
 
 log = logging.getLogger("autom.telegram")
 
@@ -57,6 +44,31 @@ MAX_TEXT = 4096
 CHAT_KINDS = ("telegram.send", "telegram.message", "telegram.callback", "telegram.edited")
 #: How long one try at recording a part sent may take before it is tried again.
 RECORD_TRY_SECONDS = 5.0
+#: A reservation used more than this many seconds after its slot is given up for a new
+#: one (the job was held up: sending at once could bunch many late sends together).
+LATE_SECONDS = 10.0
+#: At most one log line per wait reason in this many seconds (the rest are counted).
+WAIT_LOG_SECONDS = 60.0
+
+
+@dataclass
+class WaitLog:
+    """Which waits to log: the first of a reason, then at most one per ``every`` seconds,
+    saying how many waited since. Pure: ``now`` is passed in (any monotonic clock)."""
+
+    every: float = WAIT_LOG_SECONDS
+    _last: dict[str, float] = field(default_factory=dict)
+    _since: dict[str, int] = field(default_factory=dict)
+
+    def note(self, reason: str, now: float) -> int | None:
+        """A wait for ``reason`` at ``now``: the number of waits to report in one line
+        (this one included), or None when it is only counted."""
+        self._since[reason] = self._since.get(reason, 0) + 1
+        last = self._last.get(reason)
+        if last is not None and now - last < self.every:
+            return None
+        self._last[reason] = now
+        return self._since.pop(reason)
 
 
 class SendLimiter:
@@ -69,6 +81,12 @@ class SendLimiter:
         self.group_interval = max(self.chat_interval, 60.0 / GROUP_PER_MINUTE)
         self.global_interval = 1.0 / global_rate
         self.burst = max(1.0, global_rate)
+        #: set by the service: waits are counted in ``autom_telegram_waits_total``
+        self.metrics: Metrics | None = None
+        #: set by the service: told in how many seconds a job it moved to its chat's next
+        #: slot is due, so this process's workers look for it then (not at their next poll)
+        self.on_due: Callable[[float], None] | None = None
+        self._waits = WaitLog()
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings) -> SendLimiter:
@@ -80,36 +98,64 @@ class SendLimiter:
         return self.group_interval if str(chat_id).startswith("-") else self.chat_interval
 
     async def acquire(self, chat_id: int | str, *, parts: int = 1, priority: bool = False,
-                      interval: float | None = None) -> None:
+                      interval: float | None = None, job: Job | None = None) -> None:
         """Take the right to send ``parts`` messages to ``chat_id`` now, or raise ``Defer``.
+
+        ``job``: the claim the send is for. When it must wait, its next slot (the chat's,
+        the group's and the bot's budget's) is reserved for it and ``Defer`` names exactly
+        that wait, so the job's next run takes its slot without waiting again. Without a
+        job (alerts) nothing is taken and ``Defer`` says how long to wait. The job's
+        recipient line, when it is this chat, has its next job (of ``CHAT_KINDS``) moved
+        to the chat's next slot, so that it is not claimed only to wait.
 
         ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
         bot's budget alone, as for answering button presses, which go to no chat).
+        ``priority`` (alerts): keeps to a pause only, not to the chat's spacing (the alert
+        sender spaces its messages) nor to the budget's wait (the budget is charged all the
+        same, so later slots make up for it).
 
         The reservation commits with ``synchronous_commit = off`` for its own transaction
-        only (``telegram_acquire``): the commit returns before its WAL is flushed, saving
-        a durable commit (~0.4 ms on an idle machine) on every send's path. A reservation
-        lost in a crash of the database *server* (the last fraction of a second of
-        commits) is harmless: the chat's next message, or the bot's budget, may then go a
-        little early once after the crash, and a 429 that Telegram might answer to it is
-        handled like any other (``pushed``, the job deferred). Nothing else depends on it:
-        no job, lease or message is lost with it. ``pushed`` keeps the server's setting
-        (a 429 hold lost in a crash would let a flood go on).
+        only (``telegram_acquire``): a reservation lost in a crash of the database
+        *server* is harmless (the chat's next message, or the bot's budget, may then go a
+        little early once; a 429 to it is handled like any other). ``pushed`` keeps the
+        server's setting (a 429 hold lost in a crash would let a flood go on).
         """
-        wait = await self._db.fetch_val(Q.telegram_acquire, {
+        row = await self._db.fetch_one(Q.telegram_acquire, {
             "chat": str(chat_id), "parts": max(1, parts),
             "chat_interval": self.interval(chat_id) if interval is None else interval,
             "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
+            "job": job.id if job is not None else None, "line": job.recipient if job is not None else None,
+            "line_kinds": list(CHAT_KINDS), "late": LATE_SECONDS,
         }, prepare=True)
-        if wait is not None and wait < 0:
+        wait = float((row or {}).get("wait") or 0.0)
+        line_in = (row or {}).get("line_in")
+        if line_in is not None and self.on_due is not None:
+            self.on_due(float(line_in))
+        if wait < 0:
             raise ChatBlocked(f"telegram: chat {chat_id} blocked the bot (marked until an update from it "
                               "arrives); not sent", chat_id=chat_id)
         if wait:
-            raise Defer(f"telegram: chat {chat_id} must wait {float(wait):.2f}s for its send limit",
-                        after=float(wait))
+            reason = str((row or {}).get("reason") or "chat")
+            text = (f"telegram: chat {chat_id} {'has its slot' if job is not None else 'must wait'} in "
+                    f"{wait:.2f}s ({_REASONS.get(reason, reason)})")
+            self.waited(reason, text, job)
+            deferred = Defer(text, after=wait)
+            deferred.quiet = True  # counted and logged here, not once per job
+            raise deferred
+
+    def waited(self, reason: str, text: str, job: Job | None = None) -> None:
+        """Count one wait for ``reason`` and log it, at most one line a minute per reason."""
+        if self.metrics is not None:
+            self.metrics.telegram_waits.labels(reason).inc()
+        count = self._waits.note(reason, trio.current_time())
+        if count is not None:
+            log.info("%d telegram sends waited for %s (the last minute, this replica); the latest: %s",
+                     count, _REASONS.get(reason, reason), text,
+                     extra={"job_id": job.id if job is not None else None, "reason": reason, "waits": count})
 
     async def pushed(self, chat_id: int | str, retry_after: float) -> None:
-        """Telegram answered ``chat_id`` with 429 and ``retry_after``: hold its sends (all replicas)."""
+        """Telegram answered ``chat_id`` with 429 and ``retry_after``: hold its sends (all replicas),
+        moving its reserved slots (and their jobs) past the hold; several 429s pause all sends."""
         paused = await self._db.fetch_val(Q.telegram_pushed, {
             "chat": str(chat_id), "after": max(0.0, retry_after),
             "threshold": FLOOD_THRESHOLD, "window": FLOOD_WINDOW,
@@ -165,6 +211,12 @@ class SendLimiter:
                             extra={"job_id": job.id})
                 await trio.sleep(pause)
                 pause = min(1.0, pause * 2)
+
+
+_REASONS = {
+    "chat": "the chat's spacing", "global": "the bot's budget", "pause": "a pause of all sends",
+    "held": "a reserved slot", "refused": "Telegram's 429",
+}
 
 
 async def blocked_chat(db: Database, chat_id: int | str) -> dict[str, Any] | None:

@@ -39,6 +39,11 @@ class Metrics:
             "autom_alerts_total", "Telegram alerts by outcome (sent, failed, suppressed)", ["outcome"],
             registry=r,
         )
+        self.telegram_waits = Counter(
+            "autom_telegram_waits_total",
+            "Telegram sends deferred to a later slot by reason (chat, global, pause, held, refused: a 429)",
+            ["reason"], registry=r,
+        )
         self.workers_busy = Gauge("autom_workers_busy", "Worker slots running a handler now", registry=r)
         self.workers = Gauge("autom_workers", "Worker slots in this process", registry=r)
         self.jobs = Gauge("autom_jobs", "Jobs by status and kind", ["status", "kind"], registry=r)

@@ -151,6 +151,8 @@ async def run_service(
                 settings=settings, db=db, store=store, sources=registry.sources,
                 telegram=telegram, shutdown=control.shutdown, registry=registry, http=http,
             )
+            if telegram.limiter is not None:
+                telegram.limiter.metrics = deps.metrics  # its waits are counted, not logged each
             if settings.role != "worker":  # said once at start, not as "unknown source" at each delivery
                 for name, setting in disabled_sources(settings).items():
                     log.info("source %s is disabled: POST /hooks/%s answers 404 until %s is set", name, name, setting)
@@ -158,6 +160,8 @@ async def run_service(
             # with HTTP serving only /health and /metrics (create_app); all = both.
             pool = WorkerPool(deps, registry.handlers) if works else None
             control.pool = pool
+            if pool is not None and telegram.limiter is not None:
+                telegram.limiter.on_due = pool.due_in  # a chat's next job, moved to the chat's next slot
             if pool is not None and settings.role == "all":
                 deps.handoff = pool  # the intake hands a lone delivery's job to it (autom/events.py)
             alerts = AlertSender(deps) if works else None

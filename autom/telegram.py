@@ -210,7 +210,7 @@ class TelegramClient:
         if buttons is not None:
             params["reply_markup"] = inline_keyboard(buttons)
         if self.limiter is not None:
-            await self.limiter.acquire(chat_id)
+            await self.limiter.acquire(chat_id, job=self._job)
         try:
             body = await self._guarded("editMessageText", chat_id, params)
         except PermanentError as exc:
@@ -233,7 +233,7 @@ class TelegramClient:
         if text is not None:
             params["text"] = text
         if self.limiter is not None:
-            await self.limiter.acquire(CALLBACK_BUDGET, interval=0.0)
+            await self.limiter.acquire(CALLBACK_BUDGET, interval=0.0, job=self._job)
         try:
             await self._guarded("answerCallbackQuery", None, params)
         except PermanentError as exc:
@@ -263,7 +263,8 @@ class TelegramClient:
             if first >= len(parts):
                 return {"message_id": last_id}
         if limiter is not None:
-            await limiter.acquire(chat_id, parts=len(parts) - first, priority=priority)
+            await limiter.acquire(chat_id, parts=len(parts) - first, priority=priority,
+                                  job=None if priority else job)
         # a keyboard belongs under the last part
         head = {k: v for k, v in extra.items() if k != "reply_markup"}
         result: Any = None
@@ -293,6 +294,9 @@ class TelegramClient:
             await limiter.pushed(held, exc.after)
             refused = Defer(f"{exc}; chat {held} holds its sends", after=exc.after)
             refused.refused = True  # bounded by MAX_DEFER_SECONDS (jobs/store.py: decide)
+            if not priority:  # counted and logged once a minute by the limiter, not per job
+                refused.quiet = True
+                limiter.waited("refused", str(refused), self._job)
             raise refused from None
         except ChatBlocked as exc:
             if limiter is not None and not priority and chat_id is not None:

@@ -1,16 +1,17 @@
 -- Telegram's send limits (autom/limits.py, migrations/0009).
 
 -- name: telegram_acquire
--- 0: the right to send %(parts)s messages to the chat now is taken; else seconds to wait;
--- -1: the chat blocked the bot (telegram_blocked, migrations/0020): nothing is taken.
--- Alerts (%(priority)s) are not checked. Commits with synchronous_commit off, for its
--- own transaction only (set_config(..., true) lasts until this statement's commit):
--- see SendLimiter.acquire for why.
-select case when not %(priority)s and exists (select 1 from telegram_blocked b where b.chat_id = %(chat)s)
-            then -1
-            else autom_telegram_acquire(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s,
-                                        %(burst)s, %(priority)s) end
-from (select set_config('synchronous_commit', 'off', true)) sync;
+-- wait 0: the right to send %(parts)s messages to the chat now is taken; wait > 0: the
+-- job %(job)s's slot is reserved that many seconds ahead (no job: nothing taken), and
+-- reason says what held it (chat, global, pause, held); line_in: the chat's next job of the
+-- job's line was moved to the chat's next slot, due in that many seconds; -1: the chat blocked the bot
+-- (migrations/0020, 0026). Commits with synchronous_commit off, for its own transaction
+-- only (set_config(..., true) lasts until this statement's commit): see
+-- SendLimiter.acquire for why.
+select t.wait, t.reason, t.line_in
+from (select set_config('synchronous_commit', 'off', true)) sync,
+     autom_telegram_take(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s, %(burst)s, %(priority)s,
+                         %(job)s, %(line)s, %(line_kinds)s::text[], %(late)s) t;
 
 -- name: telegram_pushed
 -- A 429 for the chat: hold it for %(after)s seconds; true when all sends pause.
@@ -22,6 +23,13 @@ with gone as (
     select chat_id from telegram_chats where next_send_at < now() - interval '1 hour' limit %(batch)s
 )
 delete from telegram_chats c using gone where c.chat_id = gone.chat_id;
+
+-- name: prune_telegram_reservations
+-- Reservations an hour past their slot: their job ended (or was cancelled) before it
+-- came back for them.
+delete from telegram_reservations where (job_id, chat_id) in (
+    select job_id, chat_id from telegram_reservations where slot_at < now() - interval '1 hour' limit %(batch)s
+);
 
 -- name: telegram_block
 -- The chat blocked the bot (Telegram answered 403): mark it, and cancel its other

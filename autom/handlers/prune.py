@@ -62,5 +62,6 @@ async def handle(ctx: HandlerContext, job: Job) -> None:
     once_keys = await _prune(ctx, Q.prune_once_keys, {"keep_seconds": once_keep_days * 86400})
     await _prune(ctx, Q.prune_intake_commits, {})
     await _prune(ctx, Q.prune_telegram_chats, {})  # send-limit rows of chats long quiet
+    await _prune(ctx, Q.prune_telegram_reservations, {})  # slots whose job never came back
     log.info("pruned %d done jobs, %d events, %d idle recipients, %d sent alerts, %d once keys", jobs, events,
              recipients, alerts, once_keys, extra={"job_id": job.id, "kind": job.kind})

@@ -189,6 +189,8 @@ class Settle:
     error: str | None = None
     delay: float = 0.0
     refused: bool = False
+    #: a deferral the send limiter logged itself (``Defer.quiet``): the worker logs it at debug
+    quiet: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +371,8 @@ class JobStore:
         """
         if isinstance(error, Defer):
             ceiling = max(self.retry.cap, self.retry.after_ceiling)
-            return Settle(job, "deferred", describe(error), min(error.after, ceiling), refused=error.refused)
+            return Settle(job, "deferred", describe(error), min(error.after, ceiling), refused=error.refused,
+                          quiet=error.quiet)
         text = describe(error)
         if isinstance(error, CancelJob):
             return Settle(job, "cancelled", text)

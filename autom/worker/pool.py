@@ -310,10 +310,11 @@ class WorkerPool:
                     await self._sweep()
                 # nothing more is due now: sleep until rung, polled, or a local retry is due
                 timeout = min(self.poll_seconds, max(0.0, self._next_local_due - trio.current_time()))
-                if self._next_local_due <= trio.current_time() + timeout:
-                    self._next_local_due = math.inf
                 with trio.move_on_after(timeout):
                     await doorbell.wait_after(seen)
+                # forgotten only once it came: a ring before it (due_in's own) must not lose it
+                if self._next_local_due <= trio.current_time():
+                    self._next_local_due = math.inf
 
     async def _confirm_loop(self) -> None:
         """Confirm the asynchronous claims (``store.confirm``), one statement at a time for
@@ -640,8 +641,18 @@ class WorkerPool:
             if status == "retry":
                 log.warning("job failed, retrying in %.1fs: %s", delay, error,
                             extra={**context, "delay_s": round(delay, 3)})
-            else:
-                log.info("job deferred for %.1fs: %s", delay, error, extra={**context, "delay_s": round(delay, 3)})
+            else:  # a send limiter's wait is counted and logged by the limiter (Defer.quiet)
+                quiet = outcome.settle is not None and outcome.settle.quiet
+                log.log(logging.DEBUG if quiet else logging.INFO, "job deferred for %.1fs: %s", delay, error,
+                        extra={**context, "delay_s": round(delay, 3)})
+
+    def due_in(self, delay: float) -> None:
+        """A job becomes due in ``delay`` seconds (the send limiter moved a chat's next job to the
+        chat's next slot): the fetcher looks for work then, not at its next poll."""
+        due = trio.current_time() + max(0.0, delay)
+        if due < self._next_local_due:
+            self._next_local_due = due
+            self.deps.doorbell.set()  # the fetcher, asleep until its poll, recomputes its sleep
 
     def dropped(self, outcome: Outcome) -> None:
         """The writer gave up on ``outcome`` (the database refuses it): forget the run; its

@@ -139,3 +139,32 @@ async def test_a_chat_telegram_refuses_for_ever_fails_for_good_after_max_defer_s
     assert "telegram.message" in alert.params["text"]
     log = proc.log_text()
     assert "job failed for good: deferred for more than 3 s" in log
+
+
+async def test_one_chats_backlog_goes_out_at_its_rate_in_order_with_about_one_claim_per_message(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    """A chat's backlog waits for its slots without being claimed again and again (migrations/0026):
+    the issue's 200 messages at 1 a second, shortened to 40 at 4 a second (the same claims per job)."""
+    from autom.jobs.models import NewJob
+    from autom.jobs.store import JobStore
+
+    messages, rate = 40, 4
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, TELEGRAM_CHAT_RATE=str(rate), WORKERS="8")
+        await JobStore(db).enqueue_many([NewJob("telegram.send", {"chat_id": 42, "text": f"m{n}"}, recipient="42")
+                                         for n in range(messages)])
+        with trio.fail_after(60):
+            calls = await telegram_stub.wait_for_calls(messages, method="sendMessage", chat_id=42)
+        await wait_until(lambda: _sent(db, messages), timeout=10)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    assert [c.params["text"] for c in calls] == [f"m{n}" for n in range(messages)]  # in order, each once
+    assert calls[-1].time - calls[0].time >= (messages - 1) / rate - 0.3  # no burst: one slot each
+    claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
+    assert claims <= 1.25 * messages, claims
+    assert await db.fetch_val("select count(*) from telegram_reservations") == 0
+
+
+async def _sent(db: Any, n: int) -> bool:
+    return int(await db.fetch_val("select count(*) from jobs where kind = 'telegram.send' and status = 'done'")) >= n

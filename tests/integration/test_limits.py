@@ -41,8 +41,10 @@ async def test_the_budget_is_shared_and_keeps_a_slot_for_alerts(db: Any) -> None
         await first.acquire(3)
     assert 0 < waited.value.after <= 1 / 3 + 0.01
     await second.acquire(4, priority=True)  # an alert takes the kept slot
-    with pytest.raises(Defer):
-        await second.acquire(5, priority=True)
+    await second.acquire(5, priority=True)  # and does not wait for the budget: it charges it
+    with pytest.raises(Defer) as later:
+        await first.acquire(6)
+    assert later.value.after > waited.value.after  # the alerts' slots were paid for
 
 
 async def test_parts_of_one_message_take_their_slots_together(db: Any) -> None:
@@ -75,11 +77,11 @@ async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only
     from autom.db.queries import Q
 
     params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 1 / 30, "burst": 30.0,
-              "priority": False}
+              "priority": False, "job": None, "line": None, "line_kinds": [], "late": 10.0}
     async with db.transaction() as tx:
         setting = await tx.fetch_val("show synchronous_commit")
         assert setting != "off"
-        assert await tx.fetch_val(Q.telegram_acquire, params) == 0
+        assert await tx.fetch_val(Q.telegram_acquire, params) == 0  # wait 0: taken
         assert await tx.fetch_val("show synchronous_commit") == "off"
     async with db.transaction() as tx:
         assert await tx.fetch_val("show synchronous_commit") == setting
@@ -161,3 +163,66 @@ async def test_the_telegram_sources_jobs_set_and_clear_the_mark_as_they_are_stor
             job = NewJob("telegram.member", {"chat_id": 42, "status": update}, key=f"telegram:{n}", recipient="42")
         await events.store(store_params("telegram", {}, "{}", str(n), [job]))
     assert (await blocked_chat(db, 42) is not None) == blocked
+
+
+async def test_a_job_that_must_wait_gets_its_slot_reserved_and_takes_it_without_waiting_again(db: Any) -> None:
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=10.0, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n), recipient=None) for n in range(3)]
+    claims = {c.id: c for c in await store.claim(3)}
+    first, second, third = (claims[i] for i in ids)
+    await limiter.acquire(42, job=first)
+    with pytest.raises(Defer) as waited:
+        await limiter.acquire(42, job=second)
+    assert 0.05 < waited.value.after <= 0.1 and waited.value.quiet
+    with pytest.raises(Defer) as queued:
+        await limiter.acquire(42, job=third)  # the slot after the second's: slots stack up
+    assert 0.15 < queued.value.after <= 0.2
+    with pytest.raises(Defer) as early:
+        await limiter.acquire(42, job=third)  # back before its slot: the same slot, nothing new taken
+    assert early.value.after <= queued.value.after
+    slots = await db.fetch_all("select job_id, slot_at from telegram_reservations order by slot_at")
+    assert [r["job_id"] for r in slots] == [second.id, third.id]
+    await db.execute("update telegram_reservations set slot_at = now() where job_id = %(id)s", {"id": second.id})
+    await limiter.acquire(42, job=second)  # its slot came: sent without another wait
+    assert [r["job_id"] for r in await db.fetch_all("select job_id from telegram_reservations")] == [third.id]
+    with pytest.raises(Defer):
+        await limiter.acquire(42, job=first)  # a job without a slot waits behind the reserved ones
+    await limiter.acquire(43, job=first)  # another chat does not
+
+
+async def test_a_send_moves_the_next_job_of_its_chats_line_to_the_chats_next_slot(db: Any) -> None:
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=0.5, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n)) for n in range(3)]
+    other = await _job(db, "x", kind="site.form", recipient="43")
+    (head,) = await store.claim(1)
+    assert head.id == ids[0]
+    await limiter.acquire(42, job=head)
+    rows = await db.fetch_all("select id, extract(epoch from run_at - now()) as due_in, queued_at is not null as kept "
+                              "from jobs order by id")
+    assert 1.5 < rows[1]["due_in"] <= 2.0 and rows[1]["kept"]  # the chat's next slot, its place kept
+    assert rows[2]["due_in"] <= 0 and rows[3]["due_in"] <= 0  # only the next one; other lines untouched
+    assert rows[3]["id"] == other
+
+
+async def test_a_429_moves_the_chats_reserved_slots_and_their_jobs_past_its_retry_after(db: Any) -> None:
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=10.0, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n), recipient=None) for n in range(2)]
+    claims = {c.id: c for c in await store.claim(2)}
+    await limiter.acquire(42, job=claims[ids[0]])
+    with pytest.raises(Defer):
+        await limiter.acquire(42, job=claims[ids[1]])
+    await store.settle_many([store.decide(claims[ids[1]], Defer("wait", after=0.1))])
+    await limiter.pushed(42, 5.0)
+    row = await db.fetch_one("select extract(epoch from r.slot_at - now()) as slot_in, "
+                             "extract(epoch from j.run_at - now()) as run_in from telegram_reservations r "
+                             "join jobs j on j.id = r.job_id")
+    assert row is not None and 4.5 < row["slot_in"] <= 5.0 and 4.5 < row["run_in"] <= 5.1
