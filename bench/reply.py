@@ -206,6 +206,34 @@ def done_jobs(dsn: str) -> int:
         return int(conn.execute("select count(*) from jobs where status = 'done'").fetchone()[0])  # type: ignore[index]
 
 
+async def series(stub: Any, host: str, port: int, secret: str,
+                 args: argparse.Namespace) -> tuple[dict[int, dict[str, float]], int]:
+    """``--warmup`` + ``--n`` ``/ping`` updates one at a time on one kept-alive connection, each sent
+    after the last one's sendMessage reached ``stub`` and a gap (step 4 above). Returns, for the
+    counted ones, {update id: {"t0", "answered", "reply"}} (wall clock), and the reconnects."""
+    import trio
+
+    sender = Sender(host, port, secret)
+    rng = random.Random(42)
+    sent: dict[int, dict[str, float]] = {}
+    for i in range(args.warmup + args.n):
+        update_id = i + 1
+        await sender.ready()
+        data = sender.request(update_body(update_id, CHAT_BASE + i % args.chats))
+        t0 = time.time()
+        status = await sender.send(data)
+        answered = time.time()
+        if status != 202:
+            raise RuntimeError(f"update {update_id}: HTTP {status}")
+        with trio.fail_after(args.timeout):
+            calls = await stub.wait_for_calls(i + 1, method="sendMessage")
+        if i >= args.warmup:
+            sent[update_id] = {"t0": t0, "answered": answered, "reply": calls[i].time}
+        await trio.sleep(args.gap_ms / 1000 * rng.uniform(0.5, 1.5))
+    await sender.aclose()
+    return sent, sender.reconnects
+
+
 async def measure(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str, Any]:
     import trio
 
@@ -221,31 +249,8 @@ async def measure(args: argparse.Namespace, dsn: str, folder: Path) -> dict[str,
         await trio.sleep(args.settle)
         result["rss_start_mb"], result["threads_start"] = rss_mb(proc.pid), threads(proc.pid)
 
-        async def pong(count: int) -> float:
-            with trio.fail_after(args.timeout):
-                calls = await stub.wait_for_calls(count, method="sendMessage")
-            return calls[count - 1].time
-
-        sender = Sender(host, int(port), TG_SECRET)
-        rng = random.Random(42)
-        sent: dict[int, dict[str, float]] = {}
-        for i in range(args.warmup + args.n):
-            update_id = i + 1
-            await sender.ready()
-            data = sender.request(update_body(update_id, CHAT_BASE + i % args.chats))
-            t0 = time.time()
-            status = await sender.send(data)
-            answered = time.time()
-            if status != 202:
-                raise RuntimeError(f"update {update_id}: HTTP {status}")
-            reply = await pong(i + 1)
-            if i >= args.warmup:
-                sent[update_id] = {"t0": t0, "answered": answered, "reply": reply}
-            await trio.sleep(args.gap_ms / 1000 * rng.uniform(0.5, 1.5))
-        await sender.aclose()
-        result["reconnects"] = sender.reconnects
+        result["sent"], result["reconnects"] = await series(stub, host, int(port), TG_SECRET, args)
         result["rss_series_mb"] = rss_mb(proc.pid)
-        result["sent"] = sent
 
         peak = [result["rss_series_mb"]]
         total = args.warmup + args.n + args.burst

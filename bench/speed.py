@@ -1,6 +1,6 @@
-"""Issue 16's speed figures in one command, each beside its baseline, several rounds interleaved.
+"""The speed figures in one command, each beside its baseline and its floor, several rounds interleaved.
 
-    python bench/speed.py [--runs 3] [--quick] [--out DIR] [--base-src DIR] [--only worker,reply,intake]
+    python bench/speed.py [--runs 3] [--quick] [--out DIR] [--base-src DIR] [--only worker,floor,reply,intake]
     python bench/speed.py report DIR            the table again from a run's folder
 
 Run it with the project's venv (``.venv/bin/python bench/speed.py``) on a machine with
@@ -12,10 +12,15 @@ and ``wrk``. Each round runs, one after the other:
    1,000 recipients), autom's idle enqueue → start latency (``bench/latency.py``, both
    lanes), then PGQueuer's drain and latency (``../shared/bench-peers``, its venv
    made by its ``setup_venv.sh`` when missing);
-2. **reply**: ``bench/reply.py``: an idle ``autom run`` answers signed ``/ping``
+2. **floor**: ``bench/floor.py``: the least a service with autom's guarantees does
+   here, in plain psycopg (idle enqueue → start; webhook → reply on a bare h11 server
+   on trio), with the same gaps and samples: the idle and reply goals are ratios to it
+   (idle p50 and p99 ≤ 1.3×, reply p50 ≤ 1.5×), met when every round's ratio is;
+3. **reply**: ``bench/reply.py``: an idle ``autom run`` answers signed ``/ping``
    updates one at a time; POST → the Telegram stub received ``sendMessage``; the
-   same process's RSS after start and after a burst;
-3. **intake**: ``bench/intake.py --levels 16``: wrk's 16 senders against the
+   same process's RSS after start and after a burst; then again (no burst) in a
+   database where ``--drained`` (20,000) no-op jobs were drained first;
+4. **intake**: ``bench/intake.py --levels 16``: wrk's 16 senders against the
    intake and against the same server's no-database route (a wrong secret: 401),
    alternating.
 
@@ -26,8 +31,8 @@ right after this checkout's, and the table adds the ratio to it.
 The 1-minute load average is sampled every second; the table gives its mean and
 maximum per round. Everything lands in ``--out`` (default
 ``$TMPDIR/autom-speed-<time>``): each part's JSON lines and logs, ``table.md``.
-At the defaults (3 rounds) the whole run takes about 5 minutes on 2 cores (about 10
-with ``--base-src``); ``--quick`` (one short round) about 1.
+At the defaults (3 rounds) the whole run takes about 7 minutes on 2 cores (about 14
+with ``--base-src``); ``--quick`` (one short round) about 2.
 """
 
 from __future__ import annotations
@@ -50,10 +55,10 @@ sys.path.insert(0, str(HERE))
 
 from drain import collect, fmt, load, med  # noqa: E402 (bench/ is not a package)
 
-PARTS = ("worker", "reply", "intake")
-#: the issue's own figures for webhook → reply (measured before this round, not in the same run)
-ISSUE_REPLY_P50_MS = (4.7, 4.9)
-ISSUE_REPLY_P99_MS = (10.7, 26.0)
+PARTS = ("worker", "floor", "reply", "intake")
+#: issue 27's goals: idle p50 and p99 at most 1.3× the floor's, webhook → reply p50 at most 1.5×
+IDLE_FLOOR_LIMIT = 1.3
+REPLY_FLOOR_LIMIT = 1.5
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -71,8 +76,9 @@ class Figure:
     target: tuple[str, float] | None = None
     base_values: list[float] | None = None  # --base-src's values
     unit: str = ""
-    #: the baseline is a figure from another run (the issue's): the ratio is only indicative
-    other_run: bool = False
+    #: bench/floor.py's figure of the same rounds (one a round) and the goal: at most ``floor_limit`` × it
+    floor_values: list[float] | None = None
+    floor_limit: float | None = None
 
     def median(self) -> float | None:
         return med(list(self.values))
@@ -85,7 +91,17 @@ class Figure:
         a, b = self.median(), med(list(self.base_values or []))
         return a / b if a is not None and b else None
 
+    def floor_ratios(self) -> list[float]:
+        """autom ÷ floor of each round (the two lists pair by round), else of the medians."""
+        floor = [v for v in self.floor_values or [] if v]
+        if floor and len(floor) == len(self.values):
+            return [a / b for a, b in zip(self.values, floor, strict=True)]
+        a, b = self.median(), med(list(floor))
+        return [a / b] if a is not None and b else []
+
     def target_text(self) -> str:
+        if self.floor_limit is not None:
+            return f"≤ {self.floor_limit:g}× floor"
         if self.target is None:
             return "-"
         kind, limit = self.target
@@ -93,6 +109,12 @@ class Figure:
                 "max": f"≤ {limit:g}{self.unit}"}[kind]
 
     def verdict(self) -> str:
+        if self.floor_limit is not None:
+            ratios = self.floor_ratios()
+            if not ratios:
+                return "no data"
+            # every round's ratio within the goal; the machine's load is beside the table
+            return "**met**" if max(ratios) <= self.floor_limit else "missed"
         if self.target is None:
             return "-"
         kind, limit = self.target
@@ -130,6 +152,11 @@ def of(recs: list[dict[str, Any]], test: str, key: str, variant: str | None = No
             and r.get("variant") == variant and where(r) and r.get(key) is not None]
 
 
+def floor_of(recs: list[dict[str, Any]], test: str, key: str) -> list[float]:
+    """``key`` of bench/floor.py's ``test`` records (idle, reply), in file order (one a round)."""
+    return [r[key] for r in recs if r.get("system") == "floor" and r.get("test") == test and r.get(key) is not None]
+
+
 def figures(worker_recs: list[dict[str, Any]], speed_recs: list[dict[str, Any]]) -> list[Figure]:
     """The table's rows from the worker bench's records (drain.py, latency.py, the peers')
     and the reply/rss/intake records of the rounds."""
@@ -143,18 +170,23 @@ def figures(worker_recs: list[dict[str, Any]], speed_recs: list[dict[str, Any]])
             f"drain, {lane} (jobs/s, worker start → stopped)", rows.get(row, {}).get("sts", []),
             "PGQueuer", pgq.get("sts", []), ("ratio_min", 2.0),
             rows.get(row.replace("autom,", "autom base,"), {}).get("sts")))
-    for key, limit in (("p50", 2.0), ("p99", 5.0)):
+    for key in ("p50", "p99"):
         for lane, row in lanes:
             lane_name = "with a recipient" if "1,000" in lane else lane
             out.append(Figure(
                 f"idle enqueue → start {key}, {lane_name} (ms)", rows.get(row, {}).get(key, []),
-                "PGQueuer", pgq.get(key, []), ("max", limit),
-                rows.get(row.replace("autom,", "autom base,"), {}).get(key), " ms"))
-    for key, limit, issue in (("p50_ms", 3.0, ISSUE_REPLY_P50_MS), ("p99_ms", None, ISSUE_REPLY_P99_MS)):
-        out.append(Figure(
-            f"webhook → reply {key[:3]}, idle (ms)", of(speed_recs, "reply", key),
-            f"issue 16's run: {issue[0]:g}–{issue[1]:g}", list(issue), ("max", limit) if limit else None,
-            of(speed_recs, "reply", key, "base") or None, " ms", other_run=True))
+                "PGQueuer", pgq.get(key, []), None,
+                rows.get(row.replace("autom,", "autom base,"), {}).get(key), " ms",
+                floor_values=floor_of(speed_recs, "idle", f"{key}_ms"), floor_limit=IDLE_FLOOR_LIMIT))
+    for drained, when in ((False, "fresh database"), (True, "after a 20,000-job drain")):
+        def where(r: dict[str, Any], drained: bool = drained) -> bool:
+            return bool(r.get("drained")) == drained
+
+        for key, limit in (("p50_ms", REPLY_FLOOR_LIMIT), ("p99_ms", None)):
+            out.append(Figure(
+                f"webhook → reply {key[:3]}, idle, {when} (ms)", of(speed_recs, "reply", key, where=where),
+                base_values=of(speed_recs, "reply", key, "base", where) or None, unit=" ms",
+                floor_values=floor_of(speed_recs, "reply", key), floor_limit=limit))
 
     def route(name: str) -> Callable[[dict[str, Any]], bool]:
         return lambda r: r.get("route") == name and r.get("senders") == 16
@@ -165,35 +197,42 @@ def figures(worker_recs: list[dict[str, Any]], speed_recs: list[dict[str, Any]])
             f"intake, 16 senders: {label}", of(speed_recs, "intake", key, where=route("intake")),
             "no-database route", of(speed_recs, "intake", key, where=route("nodb")), target,
             of(speed_recs, "intake", key, "base", route("intake")) or None, " ms" if "ms" in key else ""))
+    def fresh(r: dict[str, Any]) -> bool:
+        return not r.get("drained")
+
     for label, key in (("after start", "start_mb"), ("after a burst", "after_burst_mb")):
         out.append(Figure(
-            f"idle RSS of autom run, {label} (MB)", of(speed_recs, "rss", key), target=("max", 80.0),
-            base_values=of(speed_recs, "rss", key, "base") or None, unit=" MB"))
+            f"idle RSS of autom run, {label} (MB)", of(speed_recs, "rss", key, where=fresh), target=("max", 80.0),
+            base_values=of(speed_recs, "rss", key, "base", fresh) or None, unit=" MB"))
     return out
 
 
 def table(figs: list[Figure], rounds: list[dict[str, Any]]) -> str:
     """The markdown table, and the load per round under it."""
     with_base = any(f.base_values for f in figs)
+    with_floor = any(f.floor_values for f in figs)
     head = "| figure | autom: median (min–max) | baseline | baseline: median (min–max) | autom ÷ baseline |"
     head += " autom base | autom ÷ base |" if with_base else ""
+    head += " floor: median (min–max) | autom ÷ floor, per round |" if with_floor else ""
     head += " target | met |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in figs:
-        if not f.values and not f.base_values and (f.other_run or not f.baseline_values):
+        if not f.values and not f.base_values and not f.baseline_values:
             continue  # a part that was not run (--only); a failed one shows in the load line
         ratio = f.ratio()
-        ratio_text = "-" if ratio is None else f"{ratio:.2f}×" + (" †" if f.other_run else "")
-        cells = [f.name, spread(f.values), f.baseline, spread(f.baseline_values) if not f.other_run else "-",
-                 ratio_text]
+        cells = [f.name, spread(f.values), f.baseline, spread(f.baseline_values),
+                 "-" if ratio is None else f"{ratio:.2f}×"]
         if with_base:
             base_ratio = f.base_ratio()
             cells += [spread(f.base_values), "-" if base_ratio is None else f"{base_ratio:.2f}×"]
+        if with_floor:
+            ratios = f.floor_ratios() if f.floor_values else []
+            cells += [spread(f.floor_values), ", ".join(f"{r:.2f}×" for r in ratios) or "-"]
         cells += [f.target_text(), f.verdict()]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Median (min–max) over the rounds. † the baseline is a figure of another run (issue 16's), "
-                 "the ratio only indicative; run with --base-src for one in the same run.")
+    lines.append("Median (min–max) over the rounds. The floor (bench/floor.py) ran in the same rounds; a floor "
+                 "goal is met when every round's ratio is within it.")
     lines.append("1-minute load per round (mean, max of 1-second samples; 2 cores shared): " + ", ".join(
         f"round {r['round']}: {r['load_mean']:.2f}, {r['load_max']:.2f}"
         + (f" ({', '.join(r['failed'])} failed)" if r.get("failed") else "") for r in rounds))
@@ -201,17 +240,20 @@ def table(figs: list[Figure], rounds: list[dict[str, Any]]) -> str:
 
 
 def reply_parts(speed_recs: list[dict[str, Any]]) -> str:
-    """Where webhook → reply's time goes: the p50 of each part, median over the rounds."""
-    recs = [r for r in speed_recs if r.get("test") == "reply" and r.get("variant") is None]
-    if not recs:
-        return ""
+    """Where webhook → reply's time goes: the p50 of each part, median over the rounds (autom fresh,
+    autom after the drain, the floor)."""
     names = {"answered": "202 read by the sender", "stored": "event stored (intake transaction began)",
              "claimed": "job claimed (claim transaction began)", "claim_to_reply": "claimed → stub got sendMessage"}
-    parts = ", ".join(f"{label} {statistics.median(r['parts_p50_ms'][k] for r in recs):.2f} ms"
-                      for k, label in names.items() if k != "claim_to_reply")
-    rest = statistics.median(r["parts_p50_ms"]["claim_to_reply"] for r in recs)
-    return (f"webhook → reply, p50 from the POST (median of the rounds): {parts}; then "
-            f"{names['claim_to_reply']} {rest:.2f} ms")
+    out = []
+    for label, test in (("autom, fresh", lambda r: r.get("system") == "autom" and not r.get("drained")),
+                        ("autom, after the drain", lambda r: r.get("system") == "autom" and r.get("drained")),
+                        ("floor", lambda r: r.get("system") == "floor")):
+        recs = [r for r in speed_recs if r.get("test") == "reply" and r.get("variant") is None and test(r)]
+        if recs:
+            parts = ", ".join(f"{names[k]} {statistics.median(r['parts_p50_ms'][k] for r in recs):.2f} ms"
+                              for k in names)
+            out.append(f"webhook → reply, p50 from the POST (median of the rounds), {label}: {parts}")
+    return "\n".join(out)
 
 
 def report(folder: Path) -> str:
@@ -264,7 +306,7 @@ def step(name: str, cmd: list[str], env: dict[str, str], log_path: Path) -> bool
         proc = subprocess.run(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=HERE.parent)
     took = time.monotonic() - started
     summary = [ln for ln in log_path.read_text().splitlines()
-               if ln.startswith(("autom ", "pgqueuer drain", "  intake", "  nodb"))]
+               if ln.startswith(("autom ", "floor ", "drained ", "pgqueuer drain", "  intake", "  nodb"))]
     print(f"   {name}: {took:.0f}s" + "".join(f"\n     {ln.strip()}" for ln in summary), file=sys.stderr, flush=True)
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-15:])
@@ -289,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
     speed = str(out / "speed.jsonl")
     reply = [py, str(HERE / "reply.py"), "--n", str(args.reply_n), "--gap-ms", str(args.gap_ms),
              "--burst", str(args.burst), "--out", speed]
+    drained = [py, str(HERE / "reply.py"), "--n", str(args.reply_n), "--gap-ms", str(args.gap_ms),
+               "--burst", "0", "--drained", str(args.drained), "--out", speed]
+    floor = [py, str(HERE / "floor.py"), "--n", str(args.lat_n), "--gap-ms", str(args.gap_ms), "--out", speed]
     intake = [py, str(HERE / "intake.py"), "--levels", "16", "--rounds", str(args.intake_rounds),
               "--duration", str(args.intake_seconds), "--out", speed]
     t0 = time.monotonic()
@@ -304,8 +349,10 @@ def run(args: argparse.Namespace) -> int:
                 if not step("worker (drain both lanes, idle latency, PGQueuer)",
                             ["bash", str(HERE / "run_worker_bench.sh")], worker_env, out / f"worker-{n}.log"):
                     failed.append("worker")
-            for name, cmd in (("reply", reply), ("intake", intake)):
-                if name not in parts:
+            if "floor" in parts and not step("floor (idle, reply)", floor, env, out / f"floor-{n}.log"):
+                failed.append("floor")
+            for name, cmd in (("reply", reply), ("reply-drained", drained), ("intake", intake)):
+                if name.split("-")[0] not in parts or (name == "reply-drained" and not args.drained):
                     continue
                 if not step(name, cmd, env, out / f"{name}-{n}.log"):
                     failed.append(name)
@@ -346,11 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply-n", type=int, default=int(env("REPLY_N", "200")), help="webhook → reply samples")
     parser.add_argument("--burst", type=int, default=int(env("REPLY_BURST", "2000")),
                         help="updates in the burst before the second RSS reading")
+    parser.add_argument("--drained", type=int, default=int(env("REPLY_DRAINED", "20000")),
+                        help="webhook → reply also after this many jobs were drained in its database (0: not)")
     parser.add_argument("--intake-seconds", type=float, default=float(env("INTAKE_SECONDS", "4")),
                         help="seconds of each wrk run (no-DB, then intake)")
     parser.add_argument("--intake-rounds", type=int, default=int(env("INTAKE_ROUNDS", "1")),
                         help="alternating no-DB/intake wrk runs per round")
-    parser.add_argument("--only", default=",".join(PARTS), help="the parts to run (worker,reply,intake)")
+    parser.add_argument("--only", default=",".join(PARTS), help="the parts to run (worker,floor,reply,intake)")
     parser.add_argument("--base-src", default=env("BASE_SRC"),
                         help="a checkout of older autom code to run beside this one (rows 'autom base')")
     parser.add_argument("--out", type=Path, default=None)
