@@ -1,31 +1,12 @@
-"""``HandlerContext``: everything a handler may use, one per run of a job.
+"""``HandlerContext``: everything a handler may use, one per run of a job (README, Handlers).
 
-::
-
-    async def order(ctx: HandlerContext, job: Job) -> None:
-        async with ctx.once(f"crm:{job.payload['id']}") as todo:      # a side effect done once
-            if todo:
-                r = await ctx.http.post(CRM, json=job.payload,
-                                        headers={"Idempotency-Key": ctx.idempotency_key("crm")})
-                ctx.check(r)                                         # 4xx but 429 → PermanentError
-        async with ctx.transaction() as tx:                          # committed with the job's "done"
-            await tx.execute("insert into orders (id) values (%s) on conflict do nothing", [job.payload["id"]])
-        await ctx.enqueue("telegram.send", {"chat_id": MANAGER, "text": "New order"}, recipient=str(MANAGER))
-
-Work committed with its job: what ``enqueue`` inserts and what ``transaction()``
-blocks write commit in one transaction with the update that marks the job done,
-fenced by the claim's lease; if the handler raises, times out, or lost its lease,
-none of it is written (``autom.jobs.handler_tx``).
-
-``once(key)`` holds its key while its block runs (another run entering it waits)
-and records it at the block's clean exit, in one transaction with what the block
-wrote and enqueued, retried through database outages until it commits or the
-lease is known lost. The window left: the process dies or freezes after the
-effect and before the record; ``ctx.idempotency_key(name)`` closes it for APIs
-that take one.
-
-The context is created per run on the worker's hot path: three fields, no I/O;
-the logger, the transaction and the enqueue buffer are made only when used.
+What ``enqueue`` inserts, ``cancel`` changes and ``transaction()`` blocks write
+commit in one transaction with the fenced update that marks the job done; nothing
+of it if the handler raises, times out or lost its lease (``autom.jobs.handler_tx``).
+``once(key)`` holds its key while its block runs and records it at the block's clean
+exit with what the block wrote and enqueued, retried through database outages until
+it commits or the lease is known lost (docs/design/once.md). The context is made on
+the worker's hot path: a few fields, no I/O until a method is used.
 """
 
 from __future__ import annotations

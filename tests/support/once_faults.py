@@ -30,6 +30,7 @@ import trio
 from autom.testing.telegram_stub import running_stub, serving
 from tests.support.processes import AutomProcess, AutomProcesses, autom_processes
 from tests.support.restartable_pg import RestartablePg
+from tests.support.telegram_stub import _lifespan, _read_body, _send_bytes
 
 EFFECT_MODULE = '''
 import os
@@ -86,19 +87,9 @@ class EffectStub:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await _lifespan(receive, send)
+            return
+        body = await _read_body(receive)
         key = json.loads(body)["key"]
         self.seen.append((scope["path"], key))
         self.in_flight[key] += 1
@@ -108,8 +99,7 @@ class EffectStub:
             await trio.sleep(self.delay)
         finally:
             self.in_flight[key] -= 1
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await _send_bytes(send, 200, b"ok", [(b"content-type", b"text/plain")])
 
 
 @dataclass
