@@ -73,14 +73,14 @@ class Settings:
     retain_done_days: float = 7.0
     retain_events_days: float = 30.0
     tz: str | None = None
-    # issue 13: the console (/ui/)
+    # the console (/ui/)
     console_session_hours: float = 12.0
-    # issue 15, production: which parts this process runs, and the dead-man's switch
+    # production: which parts this process runs, and the dead-man's switch
     #: all (intake and workers), intake (HTTP only) or worker (workers, schedule, alerts; /health and /metrics)
     role: str = "all"
     #: fetched with GET by each heartbeat job; a healthchecks.io-style URL holds its secret in the path
     heartbeat_url: str | None = field(default=None, repr=False)
-    # -- admission and Telegram's limits (issue 14) --
+    # -- admission and Telegram's limits --
     client_rate: float = 500.0
     trusted_proxies: str | None = None
     max_pending_jobs: int = 100000
@@ -88,7 +88,7 @@ class Settings:
     telegram_max_connections: int = 40
     telegram_chat_rate: float = 1.0
     telegram_global_rate: float = 30.0
-    # issue 12 (public API): module:attr of the user's App (autom run/dev --app overrides it)
+    # the public API: module:attr of the user's App (autom run/dev --app overrides it)
     autom_app: str | None = None
 
     @classmethod

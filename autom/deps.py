@@ -41,7 +41,7 @@ class Deps:
     #: set on SIGTERM: stop taking new requests and jobs
     shutdown: trio_util.AsyncBool = field(default_factory=lambda: trio_util.AsyncBool(False))
     started_at: float = field(default_factory=time.time)
-    # issue 12 (public API): the validated App, and the HTTP client handlers get as ctx.http
+    # the public API: the validated App, and the HTTP client handlers get as ctx.http
     registry: Registry | None = None
     http: httpx.AsyncClient | None = None
     #: the worker pool of this process when it also runs the intake (ROLE=all): a lone

@@ -50,7 +50,7 @@ class Metrics:
         self.queue_lag = Gauge(
             "autom_queue_lag_seconds", "How long the oldest due pending job has been waiting", registry=r,
         )
-        # admission (issue 14): what the door and the intake refused, and the backlog they judge by
+        # admission: what the door and the intake refused, and the backlog they judge by
         self.refusals = Counter(
             "autom_refusals_total",
             "Deliveries refused by reason (rate, failing_client, slow_body, backlog, recipient) and source",
