@@ -235,6 +235,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reschedule(args: argparse.Namespace) -> int:
+    """``autom reschedule JOB_ID (--at TIME | --now)``: a pending job runs not before TIME (retry delay cleared)."""
+    run_at = datetime.now(UTC) if args.now else args.at
+    job = _run_ops(lambda ops: ops.reschedule_job(args.job_id, run_at))
+    print(f"job {job['id']} ({job['kind']}) runs not before {_when(job, 'run_at')} UTC")
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     """``autom pause KIND``: the kind's jobs stay pending until resumed (every replica)."""
     changed = _run_ops(lambda ops: ops.pause_kind(args.kind))
@@ -440,6 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = add("cancel", cmd_cancel, "cancel a pending job (also one waiting for its retry): it never runs",
                  reads=_DATABASE_ONLY, examples=["autom cancel 12"])
     cancel.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
+    reschedule = add("reschedule", cmd_reschedule, "run a pending job (also one waiting for its retry) not before "
+                     "a time, or now: its retry delay is cleared", reads=_DATABASE_ONLY,
+                     examples=["autom reschedule 12 --now", "autom reschedule 12 --at 2026-12-01T09:30:00Z"])
+    reschedule.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", type=_run_at, metavar="TIME", help="ISO 8601 (no zone = UTC)")
+    when.add_argument("--now", action="store_true", help="now")
     jobs = add("jobs", cmd_jobs, "list jobs, newest first", reads=_DATABASE_ONLY,
                examples=["autom jobs --status pending --kind telegram.message", "autom jobs --event 3 --json"])
     jobs.add_argument("--status", choices=JOB_STATUSES)
@@ -487,6 +502,15 @@ def _name(text: str) -> str:
     if not text or len(text) > MAX_NAME or not text.isprintable():
         raise argparse.ArgumentTypeError(f"must be printable text of 1 to {MAX_NAME} characters")
     return text
+
+
+def _run_at(text: str) -> datetime:
+    from autom.ops import parse_run_at
+
+    try:
+        return parse_run_at(text, datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _time(text: str) -> datetime:

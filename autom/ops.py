@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from autom import events
@@ -69,6 +69,24 @@ def query_error_message(exc: QueryError) -> str:
         return f"database error: the query failed (SQLSTATE {state or 'unknown'})"
     again = "; try again in a moment" if state.startswith(_TRANSIENT_STATES) else ""
     return f"database busy: {reason}{again}"
+
+
+def parse_run_at(raw: str, now: datetime) -> datetime:
+    """When a rescheduled job may run: ``now``, or an ISO 8601 time (no zone = UTC), in UTC.
+
+    ``ValueError`` with a one-line reason otherwise (an age such as ``6h`` is refused: it
+    would mean six hours ago).
+    """
+    text = raw.strip()
+    if text.lower() == "now":
+        return now
+    try:
+        when = datetime.fromisoformat(text)
+        return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError("is out of range (years 1 to 9999)") from None
+    except ValueError:
+        raise ValueError('must be "now" or an ISO 8601 time (2026-12-01T09:30:00Z)') from None
 
 
 def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,6 +312,16 @@ class Operations:
             job = await self.get_job(job_id)
             raise Conflict(f"job {job_id} is {job['status']}: only a pending job (also one waiting for its "
                            "retry) can be cancelled")
+        return job_json(row)
+
+    async def reschedule_job(self, job_id: int, run_at: datetime) -> dict:
+        """A pending job (also one waiting for its retry) runs not before ``run_at`` (its retry delay
+        is cleared); ``Conflict`` for any other status, ``NotFound`` for an unknown id."""
+        row = await self.db.fetch_one(Q.ops_reschedule_job, {"id": job_id, "run_at": run_at})
+        if row is None:
+            job = await self.get_job(job_id)
+            raise Conflict(f"job {job_id} is {job['status']}: only a pending job (also one waiting for its "
+                           "retry) can be rescheduled")
         return job_json(row)
 
     async def count_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,

@@ -106,6 +106,25 @@ line as (
 wake as (select pg_notify('autom_jobs', '') from c)
 select c.* from c, (select count(*) from wake) w;
 
+-- name: ops_reschedule_job
+-- A pending job (also one waiting for its retry) runs not before %(run_at)s: its retry
+-- delay is replaced. It keeps its place in its recipient's line (queued_at keeps the
+-- run_at it was first queued for, migrations/0006). The recipient's next_due_at is
+-- moved earlier if need be (the claim may have retired it until the old run_at), and
+-- the NOTIFY wakes the workers of every replica.
+with r as (
+    update jobs set run_at = %(run_at)s, queued_at = coalesce(queued_at, run_at), updated_at = now()
+     where id = %(id)s and status = 'pending'
+    returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
+              recipient, payload, created_at, updated_at, finished_at
+),
+line as (
+    update recipients rc set next_due_at = least(coalesce(rc.next_due_at, r.run_at), r.run_at), ver = rc.ver + 1
+      from r where rc.recipient = r.recipient
+),
+wake as (select pg_notify('autom_jobs', '') from r)
+select r.* from r, (select count(*) from wake) w;
+
 -- name: ops_failed_ids
 -- The failed jobs a bulk retry takes (kind, recipient, since = finished at or after,
 -- event_id and created_since/created_until = the list's created_at bounds; each optional), oldest first, at most %(limit)s: the caller retries them in batches.

@@ -18,6 +18,8 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``GET  /admin/jobs/{id}``                    200 the job with its ``attempt_log``; 404 unknown.
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
 * ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled; 409 unless pending; 404.
+* ``POST /admin/jobs/{id}/reschedule`` body ``{"run_at": ISO 8601 or "now"}``  200 the job; 409 unless
+  pending (its retry delay is replaced); 400 without a valid run_at; 404.
 * ``POST /admin/retry-failed`` body ``{"kind","recipient","since"}`` (each optional, or as query
   parameters)  200 ``{"retried","skipped","more","ids"}``: every failed job matching, at most
   ``BULK_RETRY_CAP`` a call, in batches; 400 for a body that is not a JSON object, an unknown
@@ -82,6 +84,8 @@ JOB_FILTERS: dict[str, p.Parser] = {
 JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 RETRY_FAILED = {"kind": p.text, "recipient": p.text, "since": p.when}
+#: the body of a reschedule
+RESCHEDULE = {"run_at": p.run_at}
 #: routes that take no query parameter at all
 NONE: dict[str, p.Parser] = {}
 
@@ -100,6 +104,7 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     bp.add_url_rule("/jobs/<job_id>", "get_job", admin.get_job, methods=["GET"])
     bp.add_url_rule("/jobs/<job_id>/retry", "retry_job", admin.retry_job, methods=["POST"])
     bp.add_url_rule("/jobs/<job_id>/cancel", "cancel_job", admin.cancel_job, methods=["POST"])
+    bp.add_url_rule("/jobs/<job_id>/reschedule", "reschedule_job", admin.reschedule_job, methods=["POST"])
     bp.add_url_rule("/events", "list_events", admin.list_events, methods=["GET"])
     bp.add_url_rule("/events/<event_id>", "get_event", admin.get_event, methods=["GET"])
     bp.add_url_rule("/events/<event_id>/replay", "replay_event", admin.replay_event, methods=["POST"])
@@ -205,6 +210,26 @@ class Admin:
             return job
 
         return await self._with_id(job_id, "job", 200, cancel)
+
+    async def reschedule_job(self, job_id: str) -> Response:
+        """``POST /admin/jobs/{id}/reschedule`` with ``{"run_at": ISO 8601 or "now"}``: 200 the job; 409 unless
+        pending; 400 without a valid run_at; 404 unknown."""
+        try:
+            query(NONE)
+            fields = json_fields(await request.get_data(True, False, False), RESCHEDULE)
+            ident = parse_id(job_id, "job")
+            if "run_at" not in fields:
+                raise BadParameter('run_at is required: "now" or an ISO 8601 time')
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+
+        async def reschedule() -> dict[str, Any]:
+            job = await self._ops.reschedule_job(ident, fields["run_at"])
+            self._deps.doorbell.set()
+            log.info("admin: job %d rescheduled to %s", ident, job["run_at"], extra={"job_id": ident})
+            return job
+
+        return await self._answer(200, reschedule)
 
     async def retry_failed(self) -> Response:
         """``POST /admin/retry-failed`` with ``{"kind","recipient","since"}`` (each optional; or as query

@@ -493,6 +493,23 @@ _PATHS: dict[str, Any] = {
             },
         ),
     },
+    "/admin/jobs/{job_id}/reschedule": {
+        "post": {
+            **_admin_by_id(
+                "rescheduleJob", "Run a pending job (also one waiting for its retry) not before a time, or now",
+                "job",
+                {
+                    "200": _json("The job, pending, with its new run_at (its retry delay replaced).", _ref("Job")),
+                    "400": _error('A missing or malformed run_at ("now" or an ISO 8601 time), or an unknown field.'),
+                    "409": _error("The job is not pending."),
+                },
+            ),
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["run_at"],
+                "properties": {"run_at": {"type": "string", "description": '"now" or an ISO 8601 time.'}},
+            }}}},
+        },
+    },
     "/admin/events": {
         "get": _admin_list(
             "listEvents", "The newest stored events (without bodies)", "received_at", "events",

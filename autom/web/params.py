@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from autom.errors import BadRequest
-from autom.ops import JOB_STATUSES, MAX_NAME
+from autom.ops import JOB_STATUSES, MAX_NAME, parse_run_at
 
 #: Largest id PostgreSQL's ``bigint`` holds; larger ones cannot exist (and would not bind).
 MAX_ID = 2**63 - 1
@@ -110,5 +110,13 @@ def when(name: str, raw: str) -> datetime:
     """A time bound (``parse_time`` against the current time)."""
     try:
         return parse_time(raw, datetime.now(UTC))
+    except ValueError as exc:
+        raise BadParameter(f"{name} {exc}") from None
+
+
+def run_at(name: str, raw: str) -> datetime:
+    """When a rescheduled job may run: ``now`` or an ISO 8601 time (``autom.ops.parse_run_at``)."""
+    try:
+        return parse_run_at(raw, datetime.now(UTC))
     except ValueError as exc:
         raise BadParameter(f"{name} {exc}") from None

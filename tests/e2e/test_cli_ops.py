@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+from datetime import UTC, datetime
 
 import trio
 
@@ -380,3 +381,18 @@ async def test_telegram_info_without_a_webhook_and_with_a_wrong_token(telegram_s
     assert "42:ABC" not in result.stderr
     missing = await autom("telegram", "info", env=clean_env(), cwd=tmp_path)
     assert missing.returncode == 1 and "TELEGRAM_BOT_TOKEN" in missing.stderr
+
+
+async def test_reschedule_at_a_time_or_now(dsn, db, tmp_path):
+    store = JobStore(db)
+    job = await store.enqueue(NewJob("site.form", {"n": 1}, run_at=datetime(2999, 1, 1, tzinfo=UTC)))
+    at = await autom("reschedule", str(job), "--at", "2031-05-01T09:30:00Z", env=env_for(dsn), cwd=tmp_path)
+    assert at.returncode == 0 and "2031-05-01 09:30:00" in at.stdout, at.stderr
+    now = await autom("reschedule", str(job), "--now", env=env_for(dsn), cwd=tmp_path)
+    assert now.returncode == 0, now.stderr
+    assert (await claim_one(store)).id == job
+    refused = await autom("reschedule", str(job), "--now", env=env_for(dsn), cwd=tmp_path)
+    assert refused.returncode == 1 and "only a pending job" in refused.stderr
+    for args in (["reschedule", str(job)], ["reschedule", str(job), "--now", "--at", "2031-01-01"],
+                 ["reschedule", str(job), "--at", "6h"]):
+        assert (await autom(*args, env=env_for(dsn), cwd=tmp_path)).returncode == 2, args

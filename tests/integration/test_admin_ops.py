@@ -270,3 +270,25 @@ async def test_failed_jobs_list_newest_failure_first_with_failed_since(app: Runn
     assert [j["id"] for j in page] == [early]
     since = await app.client.get("/admin/jobs?status=failed&failed_since=2026-01-01T11:00:00Z", headers=AUTH)
     assert [j["id"] for j in since.json()["jobs"]] == [late]
+
+
+async def test_reschedule_a_pending_job_clears_its_retry_delay(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    waiting = await insert_job(db, kind="k", status="pending", attempts=2, recipient="c9",
+                               run_at="2999-01-01T00:00:00Z", queued_at="now()", last_error="boom")
+    later = await store.enqueue(NewJob("k", {}, recipient="c9"))
+    assert [j.id for j in await store.claim(10)] == []  # the waiting head holds its recipient back
+    moved = await app.client.post(f"/admin/jobs/{waiting}/reschedule", json={"run_at": "now"}, headers=AUTH)
+    assert moved.status_code == 200 and moved.json()["status"] == "pending"
+    assert [j.id for j in await store.claim(10)] == [waiting]  # its delay is gone, its place kept
+    assert later is not None
+    at = await app.client.post(f"/admin/jobs/{later}/reschedule", json={"run_at": "2031-05-01T09:30:00Z"},
+                               headers=AUTH)
+    assert at.status_code == 200 and at.json()["run_at"].startswith("2031-05-01T09:30:00")
+    refused = await app.client.post(f"/admin/jobs/{waiting}/reschedule", json={"run_at": "now"}, headers=AUTH)
+    assert refused.status_code == 409 and "running" in refused.json()["error"]
+    for body in ({}, {"run_at": "6h"}, {"run_at": "soon"}, {"when": "now"}):
+        bad = await app.client.post(f"/admin/jobs/{later}/reschedule", json=body, headers=AUTH)
+        assert bad.status_code == 400, body
+    assert (await app.client.post("/admin/jobs/999999/reschedule", json={"run_at": "now"},
+                                  headers=AUTH)).status_code == 404

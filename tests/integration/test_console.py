@@ -554,3 +554,20 @@ async def test_bulk_retry_keeps_every_filter_of_the_list_and_counts_per_kind(app
         assert done.status_code == 200 and "Retried 3, skipped 0" in done.text
     statuses = {r["id"]: r["status"] for r in await db.fetch_all("select id, status from jobs")}
     assert statuses == {**dict.fromkeys(hit, "pending"), stale: "failed", other: "failed"}
+
+
+async def test_reschedule_from_the_job_page(app: RunningApp, db: Any) -> None:
+    job = await insert_job(db, kind="k.a", status="pending", attempts=1, run_at="2999-01-01T00:00:00Z")
+    async with logged_in(app) as (client, csrf):
+        page = (await client.get(f"/ui/jobs/{job}")).text
+        assert ">Reschedule</button>" in page
+        bad = await client.post(f"/ui/jobs/{job}/reschedule", data={"csrf": csrf, "run_at": "tomorrow"})
+        assert bad.status_code == 400 and "run at" in bad.text
+        done = await client.post(f"/ui/jobs/{job}/reschedule", data={"csrf": csrf, "run_at": "2030-01-02T03:04:05Z"})
+        assert done.status_code == 303
+        assert "Rescheduled" in (await client.get(done.headers["location"])).text
+        assert str(await db.fetch_val("select run_at from jobs where id = %s", [job])).startswith("2030-01-02 03:04:05")
+        await db.execute("update jobs set status = 'done' where id = %s", [job])
+        assert ">Reschedule</button>" not in (await client.get(f"/ui/jobs/{job}")).text
+        refused = await client.post(f"/ui/jobs/{job}/reschedule", data={"csrf": csrf, "run_at": "now"})
+        assert refused.status_code == 409

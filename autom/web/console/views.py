@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 from markupsafe import Markup
@@ -63,6 +63,7 @@ RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when, "event_id"
 NOTICES = {
     "retried": "Put back in the queue: it runs as soon as a worker is free.",
     "cancelled": "Cancelled: it will not run.",
+    "rescheduled": "Rescheduled: it runs not before its new run time.",
 }
 #: ... after a pause or resume, naming the kind (the sealed notice is "paused:KIND")
 KIND_NOTICES = {
@@ -89,6 +90,8 @@ def _shown(value: Any) -> Any:
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("autom.web.console", "templates"), autoescape=True, finalize=_shown,
 )
+#: a value as one path segment of a link (``/ui/recipients/{{ r|pathpart }}``): every ``/``, ``?``, ``#`` escaped
+TEMPLATES.filters["pathpart"] = lambda value: quote(str(value), safe="")
 
 
 def render(template: str, **context: Any) -> str:
@@ -120,6 +123,7 @@ def console_blueprint(deps: Deps) -> Blueprint:
         ("/jobs/<job_id>", "job", console.job, ["GET"]),
         ("/jobs/<job_id>/retry", "retry", console.retry, ["POST"]),
         ("/jobs/<job_id>/cancel", "cancel", console.cancel, ["POST"]),
+        ("/jobs/<job_id>/reschedule", "reschedule", console.reschedule, ["POST"]),
         ("/events", "events", console.events, ["GET"]),
         ("/events/<event_id>", "event", console.event, ["GET"]),
         ("/events/<event_id>/replay", "replay", console.replay, ["POST"]),
@@ -344,6 +348,21 @@ class Console:
         self._deps.doorbell.set()
         log.info("console: job %d cancelled", ident, extra={"job_id": ident})
         return _redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "cancelled"), 303)
+
+    async def reschedule(self, job_id: str) -> Response | str:
+        """``POST /ui/jobs/{id}/reschedule`` (field run_at: ``now`` or an ISO 8601 time); then the job's page."""
+        form = await request.form
+        try:
+            ident = _ident(job_id, "job")
+            run_at = p.run_at("run at", str(form.get("run_at", "")))
+            await self._call(self._ops.reschedule_job(ident, run_at))
+        except BadParameter as exc:
+            return await self._error(400, str(exc))
+        except PageError as exc:
+            return await self._error(exc.status, str(exc))
+        self._deps.doorbell.set()
+        log.info("console: job %d rescheduled", ident, extra={"job_id": ident})
+        return _redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "rescheduled"), 303)
 
     async def events(self) -> Response | str:
         """``GET /ui/events``: by source and time, newest first, keyset pages."""
