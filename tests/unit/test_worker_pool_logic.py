@@ -18,6 +18,7 @@ import trio
 from autom.config import Settings
 from autom.deps import Deps
 from autom.errors import Defer, PermanentError
+from autom.handlers.spec import HandlerSpec
 from autom.jobs.models import Job
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import Ahead, JobStore, Settle, Settled
@@ -459,3 +460,150 @@ async def test_an_idle_claim_that_cannot_be_confirmed_stops_its_handler_at_once(
     assert ended == ["cancelled"] and store.confirms == [[1]]
     assert store.done == [] and store.settled == []
     assert trio.current_time() < 1.0
+
+
+async def test_a_slow_kind_waits_one_deep_while_a_fast_kind_claims_batches(autojump_clock: Any) -> None:
+    """Each kind's runs are timed on their own: after a fast kind drained in batches, a slow
+    kind (not measured yet, then measured slow) has at most one job waiting beyond the
+    busy workers, so another replica finds the rest."""
+    store = MemoryStore(claim_seconds=0.01)
+    store.add(200, kind="fast")
+    waiting: list[int] = []  # jobs held when a slow one starts
+
+    async def fast(ctx: Any, job: Job) -> None:
+        await trio.sleep(0.001)
+
+    async def slow(ctx: Any, job: Job) -> None:
+        waiting.append(pool.in_flight)
+        await trio.sleep(3.0)
+
+    pool = make_pool(store, {"fast": fast, "slow": slow}, workers=4, batch=50)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.done) == 200)
+        assert pool.capacity - pool.workers > 1  # the fast kind: a batch waits
+        claims = len(store.claims)
+        store.add(20, kind="slow")
+        pool.deps.doorbell.set()
+        await until(lambda: len(store.done) == 220)
+        pool.deps.shutdown.value = True
+    assert max(waiting) <= 5, waiting  # held: the 4 workers' jobs and one more
+    assert max(store.claims[claims:]) <= 5  # 4 workers + 1
+    assert pool.capacity - pool.workers == 1
+
+
+async def test_a_job_claimed_ahead_gets_a_ticket_and_its_start_is_recorded(autojump_clock: Any) -> None:
+    """The first jobs of a claim go to idle runners (ticket 0: counted with the claim); the
+    one that waits gets the next ticket, and the writer records it once its run starts."""
+    store = MemoryStore()
+    first, second = store.add(2)
+
+    async def work(ctx: Any, job: Job) -> None:
+        await trio.sleep(1.0)
+
+    pool = make_pool(store, {"k": work}, workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.tickets) == 2)
+        assert store.tickets == {first.id: 0, second.id: 1}
+        assert store.starts == []  # the second waits: nothing started beyond the claim
+        await until(lambda: len(store.done) == 2)
+        pool.deps.shutdown.value = True
+    assert store.starts == [1]
+
+
+def _at_most_once(fn: Any) -> dict[str, HandlerSpec]:
+    return {"k": HandlerSpec("k", fn, at_most_once=True)}
+
+
+async def test_an_at_most_once_job_whose_earlier_run_started_fails_without_running(autojump_clock: Any) -> None:
+    store = MemoryStore()
+    (job,) = store.add(1)
+    store.pending.clear()
+    store.next_claims = [[replace(job, attempts=2, lease=2)]]  # attempt 1 started, and was lost
+    ran: list[int] = []
+
+    async def work(ctx: Any, job: Job) -> None:
+        ran.append(job.id)
+
+    pool = make_pool(store, _at_most_once(work), workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.settled) == 1)
+        pool.deps.shutdown.value = True
+    assert ran == []
+    assert [(s.outcome, s.error) for s in store.settled] == [("failed", "lost with its worker (at-most-once)")]
+
+
+async def test_an_at_most_once_run_that_raises_fails_instead_of_retrying(autojump_clock: Any) -> None:
+    store = MemoryStore()
+    store.add(1)
+
+    async def work(ctx: Any, job: Job) -> None:
+        raise ConnectionError("the payment API went away")
+
+    pool = make_pool(store, _at_most_once(work), workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.settled) == 1)
+        pool.deps.shutdown.value = True
+    assert [s.outcome for s in store.settled] == ["failed"]
+
+
+async def test_a_shutdown_fails_a_started_at_most_once_run_and_gives_back_the_rest(autojump_clock: Any) -> None:
+    store = MemoryStore()
+    store.add(3)
+    started: list[int] = []
+
+    async def hang(ctx: Any, job: Job) -> None:
+        started.append(job.id)
+        await trio.sleep_forever()
+
+    pool = make_pool(store, _at_most_once(hang), workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(pool.running) == 1 and len(pool.queued) == 1)
+        pool.deps.shutdown.value = True
+        await until(lambda: len(store.settled) == 1)
+        pool.stop_at(trio.current_time() + 1.0)
+    outcomes = {s.job.id: (s.outcome, s.error) for s in store.settled}
+    assert outcomes.pop(started[0]) == ("failed", "interrupted by shutdown (at-most-once)")
+    assert [o for o, _ in outcomes.values()] == ["released"]  # claimed ahead, never started
+
+
+async def test_an_at_most_once_run_claimed_ahead_waits_for_its_start_to_be_recorded(autojump_clock: Any) -> None:
+    """Its start must be on record before its handler runs: lost unrecorded, it would run again."""
+    store = MemoryStore()
+    store.add(2)
+    ran: list[int] = []
+    gate = trio.Event()
+
+    async def work(ctx: Any, job: Job) -> None:
+        ran.append(job.id)
+        await trio.sleep(0.5)
+
+    recorded = store.record_starts
+
+    async def record_starts(claimant: int, upto: int) -> None:
+        await gate.wait()
+        await recorded(claimant, upto)
+
+    original_complete = store.complete_batch
+
+    async def complete_batch(jobs: Sequence[Job], *, starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
+        if starts is not None:
+            await gate.wait()
+        return await original_complete(jobs, starts=starts)
+
+    store.record_starts = record_starts  # type: ignore[method-assign]
+    store.complete_batch = complete_batch  # type: ignore[method-assign]
+    pool = make_pool(store, _at_most_once(work), workers=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(ran) == 1 and len(pool.running) == 1 and not pool.queued)
+        await trio.sleep(5.0)
+        assert len(ran) == 1  # the second run waits for its start's record
+        gate.set()
+        await until(lambda: len(ran) == 2)
+        pool.deps.shutdown.value = True
+    assert store.starts == [1]
