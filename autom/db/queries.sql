@@ -327,7 +327,10 @@ from line l, sync;
 -- Every outcome of a run but "done", for many claims in one statement (the worker's
 -- one outcome writer, autom/worker/completer.py), each fenced by its lease generation:
 --   retry     back to pending at now + delay, the error recorded (the attempt counts)
---   failed    failed for good (the jobs_failed_alert trigger records its alert)
+--   failed    failed for good (the jobs_failed_alert trigger records its alert); with
+--             unrun (the worker failed the claim without running it: attempts exhausted,
+--             an at-most-once job lost, no handler) the claim's attempt is given back, so
+--             attempts stays the runs started
 --   released  back to pending at once, the attempt not counted (shutdown); run_at kept
 --   deferred  back to pending at now + delay, the attempt not counted, no error (Defer);
 --             but a refused deferral (Defer.refused: Telegram's 429) of a job that would
@@ -340,11 +343,12 @@ from line l, sync;
 -- queued_at keeps the run_at it was first queued for (migrations/0006).
 with u as (
     select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[],
-                         %(errors)s::text[], %(delays)s::float8[], %(refused)s::boolean[])
-                   as u (id, lease, outcome, error, delay, refused)
+                         %(errors)s::text[], %(delays)s::float8[], %(refused)s::boolean[],
+                         %(unrun)s::boolean[])
+                   as u (id, lease, outcome, error, delay, refused, unrun)
 ),
 t as (
-    select u.id, u.lease, u.delay, u.refused,
+    select u.id, u.lease, u.delay, u.refused, u.unrun,
            case when x.expired then 'expired' else u.outcome end as outcome,
            case when x.expired then format('deferred for more than %%s s (MAX_DEFER_SECONDS): %%s',
                                            %(max_defer)s::float8, u.error)
@@ -360,7 +364,7 @@ f as (
     update jobs j
        set status = case when t.outcome in ('failed', 'expired') then 'failed'
                          when t.outcome = 'cancelled' then 'cancelled' else 'pending' end,
-           attempts = case when t.outcome in ('released', 'deferred') then greatest(j.attempts - 1, 0)
+           attempts = case when t.outcome in ('released', 'deferred') or t.unrun then greatest(j.attempts - 1, 0)
                            else j.attempts end,
            queued_at = case when t.outcome in ('retry', 'deferred') then coalesce(j.queued_at, j.run_at)
                             else j.queued_at end,

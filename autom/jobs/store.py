@@ -191,6 +191,9 @@ class Settle:
     refused: bool = False
     #: a deferral the send limiter logged itself (``Defer.quiet``): the worker logs it at debug
     quiet: bool = False
+    #: failed without running (attempts exhausted, an at-most-once job lost): the claim's
+    #: attempt is given back, so ``attempts`` stays the runs started
+    unrun: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +396,7 @@ class JobStore:
             "errors": [i.error for i in items],
             "delays": [i.delay for i in items],
             "refused": [i.refused for i in items],
+            "unrun": [i.unrun for i in items],
             "max_defer": self.max_defer_seconds,
         }
         rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)

@@ -156,6 +156,7 @@ class WorkerPool:
         self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
         self._completer = Completer(self.store, self, renew_every=self.lease_seconds / 3)
         self._confirm_bell = Doorbell()  # rung after an asynchronous (idle-path) claim
+        self._confirmed_bell = Doorbell()  # rung after each round of confirmations
         self.confirmations = 0
         self._by_kind: dict[str, tuple[Any, Any]] = {}  # kind → (duration histogram, "done" counter)
         # read when /metrics is scraped instead of moved twice per job
@@ -353,6 +354,7 @@ class WorkerPool:
                             len(runs), describe(exc))
                 held = set()
             self.confirmations += 1
+            self._confirmed_bell.set()
             for run in runs:
                 run.confirmed = True  # confirmed, or stopped below: either way, done with
                 if run.job.id not in held:
@@ -473,22 +475,23 @@ class WorkerPool:
         called = False  # the handler was called (an at-most-once run cut short fails)
         try:
             if spec is None:
-                outcome = self._failed(run, f"no handler for kind {job.kind!r}")
+                outcome = self._failed(run, f"no handler for kind {job.kind!r}", unrun=True)
             elif spec.at_most_once and job.attempts > 1:
                 # an earlier run of it started and never ended (the claim's comment, queries.sql)
-                outcome = self._failed(run, LOST_AT_MOST_ONCE)
+                outcome = self._failed(run, LOST_AT_MOST_ONCE, unrun=True)
             elif job.attempts > job.max_attempts:
                 # claimed again after its lease expired on the last attempt: the worker died
                 outcome = self._failed(run, f"attempts exhausted: attempt {job.max_attempts} was lost with "
-                                            "its worker")
+                                            "its worker", unrun=True)
             else:
                 ctx = self._make_context(run)
                 # a context of another kind (``WorkerPool(context=...)``) writes its own outcome
                 state: RunState | None = getattr(ctx, "_state", None)
                 fn: Callable[..., Awaitable[object]] = spec.fn
-                if spec.at_most_once and run.ticket > self._completer.starts_written:
-                    # its start must be on record before it runs: a run lost unrecorded would run again
-                    await self._completer.wait_started(run.ticket)
+                if spec.at_most_once:
+                    # its claim and its start must be on disk before it runs: a run whose claim
+                    # or start was lost would run again
+                    await self._at_most_once_ready(run)
                 # in the runner's scope (run.scope): the deadline watch or a lost claim cancels it
                 try:
                     called = True
@@ -551,6 +554,19 @@ class WorkerPool:
             if self._wants_room and self._may_claim():
                 self._slots.set()
 
+    async def _at_most_once_ready(self, run: Run) -> None:
+        """Wait until ``run``'s asynchronous claim is confirmed (a claim the confirmation does
+        not find cancels it here) and its start, if it was claimed ahead, is recorded."""
+        while True:
+            seen = self._confirmed_bell.count
+            if run.confirmed:
+                break
+            await self._confirmed_bell.wait_after(seen)
+        if run.ticket > self._completer.starts_written:
+            await self._completer.wait_started(run.ticket)
+        # a claim the confirmation did not find cancelled this run's scope meanwhile
+        await trio.lowlevel.checkpoint_if_cancelled()
+
     async def _timed(self, spec: HandlerSpec, ctx: Any, job: Job) -> object:
         """Run ``spec``'s handler within its kind's timeout; past it, ``HandlerTimeout`` (counted, retried)."""
         assert spec.timeout is not None
@@ -572,8 +588,8 @@ class WorkerPool:
             await self._run_job(run)
         await self._completer.drain()
 
-    def _failed(self, run: Run, error: str) -> Outcome:
-        return Outcome(run, "failed", Settle(run.job, "failed", error))
+    def _failed(self, run: Run, error: str, *, unrun: bool = False) -> Outcome:
+        return Outcome(run, "failed", Settle(run.job, "failed", error, unrun=unrun))
 
     # -- the writer's hooks (completer.Hooks) ------------------------------------------
 

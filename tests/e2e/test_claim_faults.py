@@ -129,10 +129,11 @@ async def test_two_kill_9s_burn_no_attempt_of_a_job_that_never_ran(
     runs = Counter(job_id for job_id, _, _ in world.runs())
     assert sorted(j["id"] for j in jobs) == sorted(ids)
     for job in jobs:
+        assert job["attempts"] == runs[job["id"]], (job, runs[job["id"]])
         if job["status"] == "failed":  # only a job whose two runs were both lost
             assert runs[job["id"]] == 2 and "attempts exhausted" in job["last_error"], (job, runs)
         else:
-            assert job["status"] == "done" and job["attempts"] == runs[job["id"]], (job, runs[job["id"]])
+            assert job["status"] == "done", job
     # the attempt each run saw was its number among the job's runs
     for job_id in ids:
         seen = [attempt for j, attempt, _ in world.runs() if j == job_id]
@@ -171,7 +172,8 @@ async def test_an_at_most_once_job_lost_with_its_worker_fails_with_one_alert_and
 
     second = await world.start(run_seconds=0.05, AT_MOST_ONCE="1")
     (job,) = await wait_finished(db, "charge", timeout=30)
-    assert (job["status"], job["last_error"]) == ("failed", "lost with its worker (at-most-once)"), job
+    assert (job["status"], job["last_error"], job["attempts"]) == (
+        "failed", "lost with its worker (at-most-once)", 1), job  # one run started
     assert [r[0] for r in world.runs()] == [job_id]  # its handler ran once
     alerts = await db.fetch_all("select error from alerts where job_id = %s", [job_id])
     assert [a["error"] for a in alerts] == ["lost with its worker (at-most-once)"]

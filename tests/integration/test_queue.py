@@ -12,7 +12,7 @@ from autom.db.queries import Q
 from autom.errors import PermanentError, Retry
 from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
-from autom.jobs.store import JobStore
+from autom.jobs.store import Ahead, JobStore, Settle
 from tests.support.queue import claim_one, complete
 
 
@@ -610,3 +610,31 @@ async def test_the_claim_updates_its_jobs_by_id_under_a_long_running_services_st
     # and it claims, both lanes
     jobs = await store.claim(63)
     assert len(jobs) == 63 and {j.recipient is None for j in jobs} == {True, False}
+
+
+async def test_a_lease_lost_before_its_run_started_gives_the_attempt_back(db):
+    """Claimed ahead (a ticket beyond what its pool recorded as started) and its lease lost:
+    the next claim keeps attempts; once the pool recorded the start, the lost run counts."""
+    store = make_store(db)
+    ids = await store.enqueue_many([NewJob("k"), NewJob("k")])
+    claimant = await store.register_claimant()
+    ahead = Ahead(claimant, ticket=0, now_n=0)  # both wait for a runner: tickets 1 and 2
+    jobs = await store.claim(2, ahead=ahead)
+    assert sorted(ahead.tickets) == [1, 2] and [j.attempts for j in jobs] == [1, 1]
+    started = jobs[ahead.tickets.index(1)]
+    await store.record_starts(claimant, 1)  # the first one's run started
+    await db.execute("update jobs set locked_until = now() - interval '1 second'")  # the worker died
+    again = {j.id: j.attempts for j in await store.claim(2)}
+    assert again == {started.id: 2, next(i for i in ids if i != started.id): 1}
+    # the attempt log has the started run only
+    assert await db.fetch_val("select array_agg(job_id) from job_attempts") == [started.id]
+
+
+async def test_a_claim_failed_without_running_gives_its_attempt_back(db):
+    store = make_store(db)
+    await store.enqueue(NewJob("k"))
+    (job,) = await store.claim(1)
+    await store.settle_many([Settle(job, "failed", "attempts exhausted", unrun=True)])
+    row = await store.get(job.id)
+    assert (row["status"], row["attempts"]) == ("failed", 0)
+    assert await db.fetch_val("select count(*) from alerts where job_id = %s", [job.id]) == 1

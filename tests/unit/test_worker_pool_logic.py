@@ -607,3 +607,27 @@ async def test_an_at_most_once_run_claimed_ahead_waits_for_its_start_to_be_recor
         await until(lambda: len(ran) == 2)
         pool.deps.shutdown.value = True
     assert store.starts == [1]
+
+
+async def test_an_at_most_once_run_waits_for_its_idle_claim_to_be_confirmed(autojump_clock: Any) -> None:
+    """The idle path's claim commits asynchronously: an at-most-once handler starts only once
+    the confirmation found the claim on disk, so a claim lost in a crash never ran."""
+    for drops in (set(), {1}):
+        store = MemoryStore(lease_seconds=30.0)
+        store.confirm_drops |= drops
+        ran: list[int] = []
+
+        async def work(ctx: Any, job: Job, ran: list[int] = ran, store: MemoryStore = store) -> None:
+            ran.append(len(store.confirms))  # confirmations sent when it started
+
+        pool = make_pool(store, _at_most_once(work), workers=2, batch=10)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            await until(lambda s=store: len(s.claims) == 1)  # type: ignore[misc]
+            store.add(1)
+            pool.deps.doorbell.set()
+            await until(lambda s=store: len(s.confirms) == 1)  # type: ignore[misc]
+            await trio.sleep(1.0)
+            pool.deps.shutdown.value = True
+        assert store.durable[1] is False
+        assert ran == ([] if drops else [1])
