@@ -230,7 +230,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``autom cancel JOB_ID``: a pending job ends cancelled (never runs, no alert)."""
-    job = _run_ops(lambda ops: ops.cancel_job(args.job_id))
+    job = _run_ops(lambda ops: ops.cancel_job(args.job_id, running=False))
     print(f"job {job['id']} ({job['kind']}) is cancelled: it will not run (autom retry {job['id']} undoes it)")
     return 0
 

@@ -305,13 +305,17 @@ class Operations:
                            f"retried ({hint})")
         return job_json(rows[0])
 
-    async def cancel_job(self, job_id: int) -> dict:
-        """A pending job (also one waiting for its retry) ends ``cancelled``; ``Conflict`` otherwise."""
-        row = await self.db.fetch_one(Q.ops_cancel_job, {"id": job_id})
+    async def cancel_job(self, job_id: int, *, running: bool = True) -> dict:
+        """A pending job (also one waiting for its retry) ends ``cancelled``; so does a running one
+        (``running``), whose handler its worker cancels within about a second (no retry, no alert).
+        ``Conflict`` for other statuses, ``NotFound`` for an unknown id."""
+        statuses = ["pending", "running"] if running else ["pending"]
+        row = await self.db.fetch_one(Q.ops_cancel_job, {"id": job_id, "statuses": statuses})
         if row is None:
             job = await self.get_job(job_id)
-            raise Conflict(f"job {job_id} is {job['status']}: only a pending job (also one waiting for its "
-                           "retry) can be cancelled")
+            which = "a pending or running job" if running else "a pending job (also one waiting for its retry)"
+            raise Conflict(f"job {job_id} is {job['status']}: only {which} can be cancelled")
+        row.pop("was", None)
         return job_json(row)
 
     async def reschedule_job(self, job_id: int, run_at: datetime) -> dict:

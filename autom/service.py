@@ -96,6 +96,13 @@ class Service:
     control: Control
 
 
+def _notified(deps: Deps, pool: WorkerPool | None, payload: str) -> None:
+    """A NOTIFY on autom_jobs: work may be due; 'cancel': a running job was cancelled (renew now to stop it)."""
+    deps.doorbell.set()
+    if payload == "cancel" and pool is not None:
+        pool.renew_soon()
+
+
 async def run_service(
     settings: Settings,
     *,
@@ -167,7 +174,7 @@ async def run_service(
             alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
                 if alerts is not None:
-                    await background.start(db.listen, NOTIFY_CHANNEL, lambda _payload: deps.doorbell.set())
+                    await background.start(db.listen, NOTIFY_CHANNEL, partial(_notified, deps, pool))
                     background.start_soon(alerts.run)
                     background.start_soon(Watchdog(deps, registry.schedules).run)
                 async with trio.open_nursery() as services:

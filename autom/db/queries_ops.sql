@@ -88,14 +88,26 @@ wake as (select pg_notify('autom_jobs', '') from r limit 1)
 select r.* from r, (select count(*) from wake) w order by r.id;
 
 -- name: ops_cancel_job
--- A pending job (also one waiting for its retry) ends cancelled: it is never
--- claimed (due_at becomes NULL) and raises no alert. The NOTIFY wakes the workers:
--- the cancelled job may have held back its recipient's later jobs.
-with c as (
-    update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now()
-     where id = %(id)s and status = 'pending'
-    returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
-              recipient, payload, created_at, updated_at, finished_at
+-- If its status is one of %(statuses)s: a pending job (also one waiting for its retry) ends cancelled: it is never
+-- claimed (due_at becomes NULL) and raises no alert. A running job ends cancelled
+-- too: its claim is gone (status is no longer 'running'), so its worker's next
+-- renewal finds it lost and cancels the handler, and every fenced write of that run
+-- (completion, retry, failure, ctx.transaction) matches nothing: no retry, no alert.
+-- Its locked_until stays, so its recipient is free at once (the claim's busy_job
+-- test). The NOTIFY wakes the workers (the job may have held back its recipient's
+-- later jobs); its payload 'cancel' asks them to renew now rather than at their next
+-- lease/3 turn (autom/service.py), so the handler stops within about a second.
+with o as (
+    select id, status from jobs where id = %(id)s and status = any (%(statuses)s::text[]) for update
+),
+c as (
+    update jobs j set status = 'cancelled', finished_at = now(), updated_at = now(),
+                      locked_until = case when o.status = 'running' then j.locked_until end,
+                      last_error = case when o.status = 'running' then 'cancelled by an operator while it ran'
+                                        else j.last_error end
+      from o where j.id = o.id
+    returning j.id, j.kind, j.status, j.attempts, j.max_attempts, j.run_at, j.locked_until, j.last_error, j.key,
+              j.event_id, j.recipient, j.payload, j.created_at, j.updated_at, j.finished_at, o.status as was
 ),
 -- a cancelled head of its recipient's line (one waiting for its retry, say) lets the
 -- next job run now: the claim may have retired the recipient until that retry
@@ -103,7 +115,7 @@ line as (
     update recipients r set next_due_at = least(r.next_due_at, now()), ver = r.ver + 1
       from c where r.recipient = c.recipient
 ),
-wake as (select pg_notify('autom_jobs', '') from c)
+wake as (select pg_notify('autom_jobs', case when c.was = 'running' then 'cancel' else '' end) from c)
 select c.* from c, (select count(*) from wake) w;
 
 -- name: ops_reschedule_job

@@ -17,7 +17,8 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
   ``failed_since`` finished_at, ISO 8601 or an age such as ``6h``).
 * ``GET  /admin/jobs/{id}``                    200 the job with its ``attempt_log``; 404 unknown.
 * ``POST /admin/jobs/{id}/retry``              200 the job, now pending; 409 running or done; 404.
-* ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled; 409 unless pending; 404.
+* ``POST /admin/jobs/{id}/cancel``             200 the job, now cancelled (a running one's handler is
+  stopped within about a second, no retry, no alert); 409 done, failed or cancelled; 404.
 * ``POST /admin/jobs/{id}/reschedule`` body ``{"run_at": ISO 8601 or "now"}``  200 the job; 409 unless
   pending (its retry delay is replaced); 400 without a valid run_at; 404.
 * ``POST /admin/retry-failed`` body ``{"kind","recipient","since"}`` (each optional, or as query
@@ -200,7 +201,8 @@ class Admin:
         return await self._with_id(job_id, "job", 200, retry)
 
     async def cancel_job(self, job_id: str) -> Response:
-        """``POST /admin/jobs/{id}/cancel``: 200 the job, now cancelled; 409 unless pending; 404 unknown."""
+        """``POST /admin/jobs/{id}/cancel``: 200 the job, now cancelled (also a running one); 409 done, failed
+        or cancelled; 404 unknown."""
 
         async def cancel(ident: int) -> dict[str, Any]:
             job = await self._ops.cancel_job(ident)

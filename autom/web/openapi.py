@@ -486,10 +486,11 @@ _PATHS: dict[str, Any] = {
     },
     "/admin/jobs/{job_id}/cancel": {
         "post": _admin_by_id(
-            "cancelJob", "Cancel a pending job (also one waiting for its retry): it never runs, no alert", "job",
+            "cancelJob", "Cancel a pending or running job: it never runs (again), no retry, no alert", "job",
             {
-                "200": _json("The job, now cancelled.", _ref("Job")),
-                "409": _error("The job is not pending (running, done, failed or cancelled already)."),
+                "200": _json("The job, now cancelled; a running one's handler is stopped within about a second.",
+                             _ref("Job")),
+                "409": _error("The job is done, failed or cancelled already."),
             },
         ),
     },

@@ -156,6 +156,7 @@ class Completer:
         self.flushes = 0
         self.renewals = 0
         self._renew_failing = False
+        self._renew_asked = False
         # the pool's start order: (claimant, ticket) to record, and the highest recorded
         self._starts: tuple[int, int] | None = None
         self._carry: tuple[int, int] | None = None
@@ -173,6 +174,12 @@ class Completer:
             seen = self._starts_bell.count
             await self._starts_bell.wait_after(seen)
 
+    def renew_soon(self) -> None:
+        """Renew at the next turn instead of at the next ``renew_every``: a claim may be gone (an
+        operator cancelled a running job), and the renewal is what finds it and stops the handler."""
+        self._renew_asked = True
+        self._bell.set()
+
     def report(self, outcome: Outcome) -> None:
         """Queue ``outcome`` for writing (the runner is free at once)."""
         self._pending.append(outcome)
@@ -189,7 +196,8 @@ class Completer:
         next_renew = self._clock() + self._renew_every
         backoff = 0.2
         while True:
-            if self._clock() >= next_renew:
+            if self._renew_asked or self._clock() >= next_renew:
+                self._renew_asked = False
                 ok = await self._renew()
                 # a failed renewal is tried again soon: the leases are running out
                 next_renew = self._clock() + (self._renew_every if ok else min(self._renew_every, 0.5))

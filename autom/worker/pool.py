@@ -185,6 +185,11 @@ class WorkerPool:
         """Cancel running handlers at once (second signal); their jobs go back to pending."""
         self._handler_scope.cancel()
 
+    def renew_soon(self) -> None:
+        """Renew the held leases now: an operator cancelled a running job (the NOTIFY 'cancel'), and the
+        renewal that no longer finds its claim stops its handler."""
+        self._completer.renew_soon()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Work until ``deps.shutdown`` is set and running handlers have finished (or were cancelled)."""
         self.deps.metrics.workers.set(self.workers)

@@ -13,13 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from autom.errors import PermanentError
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.integration.test_admin import AUTH, insert_job, ping, post_update
 from tests.support.http_app import RunningApp, running_app
-from tests.support.queue import claim_one
+from tests.support.queue import claim_one, sleeping_handler
 from tests.support.service import post_telegram, running_service, service_settings, telegram_update, wait_until
 from tests.support.telegram_stub import Reply
 
@@ -48,7 +49,7 @@ async def test_cancel_a_pending_job_it_never_runs_and_raises_no_alert(app: Runni
     await store.fail(claimed, "TransientError: try later")
     assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "pending"
     assert (await app.client.post(f"/admin/jobs/{waiting}/cancel", headers=AUTH)).status_code == 200
-    for status in ("running", "done", "failed"):
+    for status in ("done", "failed", "cancelled"):  # a running job is cancelled too (a test below)
         other = await insert_job(db, status=status, attempts=1)
         refused = await app.client.post(f"/admin/jobs/{other}/cancel", headers=AUTH)
         assert refused.status_code == 409 and f"is {status}" in refused.json()["error"], status
@@ -292,3 +293,46 @@ async def test_reschedule_a_pending_job_clears_its_retry_delay(app: RunningApp, 
         assert bad.status_code == 400, body
     assert (await app.client.post("/admin/jobs/999999/reschedule", json={"run_at": "now"},
                                   headers=AUTH)).status_code == 404
+
+
+async def test_cancel_a_running_job_stops_its_handler_no_retry_no_alert(
+    dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    handler, ended = sleeping_handler()
+    started = trio.Event()
+
+    async def slow(ctx: Any, job: Any) -> None:
+        started.set()
+        await handler(ctx, job)
+
+    # the default lease (60 s: renewed every 20 s); the cancel's NOTIFY asks for a renewal at once
+    settings = service_settings(dsn, telegram_stub.url)
+    assert settings.job_lease_seconds == 60
+    async def quick(ctx: Any, job: Any) -> None:
+        pass
+
+    async with (
+        running_service(settings, handlers={"slow.kind": slow, "after.kind": quick}) as svc,
+        httpx.AsyncClient(base_url=svc.urls[0], headers=AUTH) as client,
+    ):
+        store = JobStore(db)
+        job = await store.enqueue(NewJob("slow.kind", {}, recipient="c1", max_attempts=5))
+        after = await store.enqueue(NewJob("after.kind", {}, recipient="c1"))
+        with trio.fail_after(10):
+            await started.wait()
+        response = await client.post(f"/admin/jobs/{job}/cancel")
+        assert response.status_code == 200 and response.json()["status"] == "cancelled"
+        t0 = trio.current_time()
+        await wait_until(lambda: ended == ["cancelled"], timeout=15)  # well before the 20 s renewal
+        print(f"handler cancelled {trio.current_time() - t0:.2f} s after the cancel")
+        # the recipient's next job runs; the cancelled one stays cancelled, never retried
+        await wait_until(lambda: _status(db, after, "done"))
+        row = await db.fetch_one("select status, attempts from jobs where id = %s", [job])
+        assert (row["status"], row["attempts"]) == ("cancelled", 1)
+        assert await db.fetch_val("select count(*) from alerts") == 0
+        again = await client.post(f"/admin/jobs/{job}/cancel")
+        assert again.status_code == 409
+
+
+async def _status(db: Any, job: int | None, status: str) -> bool:
+    return bool(await db.fetch_val("select status = %s from jobs where id = %s", [status, job]))

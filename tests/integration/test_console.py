@@ -292,7 +292,7 @@ async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any
         assert (await client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})).status_code == 303
         assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"
         again = await client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})
-        assert again.status_code == 409 and "only a pending job" in again.text
+        assert again.status_code == 409 and "only a pending or running job" in again.text
         assert (await client.get("/ui/jobs/424242")).status_code == 404
         assert (await client.get("/ui/jobs/abc")).status_code == 400
 
@@ -571,3 +571,16 @@ async def test_reschedule_from_the_job_page(app: RunningApp, db: Any) -> None:
         assert ">Reschedule</button>" not in (await client.get(f"/ui/jobs/{job}")).text
         refused = await client.post(f"/ui/jobs/{job}/reschedule", data={"csrf": csrf, "run_at": "now"})
         assert refused.status_code == 409
+
+
+async def test_a_running_job_has_cancel_and_ends_cancelled(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    job_id = await store.enqueue(NewJob("site.form", {}))
+    assert await claim_one(store) is not None
+    async with logged_in(app) as (client, csrf):
+        assert ">Cancel</button>" in (await client.get(f"/ui/jobs/{job_id}")).text
+        response = await client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})
+        assert response.status_code == 303
+        page = (await client.get(response.headers["location"])).text
+        assert "Cancelled" in page and ">Cancel</button>" not in page
+    assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"

@@ -62,7 +62,7 @@ RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when, "event_id"
 #: what a redirect after an action may tell the page it lands on (never free text)
 NOTICES = {
     "retried": "Put back in the queue: it runs as soon as a worker is free.",
-    "cancelled": "Cancelled: it will not run.",
+    "cancelled": "Cancelled: it will not run (a running handler is stopped within about a second).",
     "rescheduled": "Rescheduled: it runs not before its new run time.",
 }
 #: ... after a pause or resume, naming the kind (the sealed notice is "paused:KIND")
@@ -324,7 +324,8 @@ class Console:
             "job.html", job=job, payload=present.pretty_json(job.get("payload")),
             headline=error_headline(job.get("last_error")),
             notice=NOTICES.get(self._told("notice", q["notice"], q["seal"]) or ""),
-            can_retry=job["status"] in ("failed", "cancelled", "pending"), can_cancel=job["status"] == "pending",
+            can_retry=job["status"] in ("failed", "cancelled", "pending"),
+            can_cancel=job["status"] in ("pending", "running"),
         )
 
     async def retry(self, job_id: str) -> Response | str:
