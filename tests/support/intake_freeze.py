@@ -12,13 +12,12 @@ once, 503 not stored unless its statement had started before the server stopped
 and the server stayed stopped past the delivery's deadline, every answer within
 the deadline).
 
-``python -m tests.support.intake_freeze --rounds 20`` repeats a long and a short
-freeze and prints each round's counts and the totals (bench/RESULTS.md).
+``python bench/faults.py --only intake`` repeats a long and a short freeze and
+prints each round's counts and the totals (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass, field
@@ -201,37 +200,10 @@ async def _quiet(pg: RestartablePg) -> None:
             await trio.sleep(0.05)
 
 
-async def _main(rounds: int, long_freeze: float, short_freeze: float) -> int:
-    totals: dict[str, float] = {}
-    failed = 0
-    for i in range(rounds):
-        for seconds in (long_freeze, short_freeze):
-            with restartable_pg() as pg:
-                result = await freeze_round(pg, seconds)
-            counts = result.counts()
-            print(json.dumps({"round": i + 1, **counts}), flush=True)
-            for problem in result.problems[:5]:
-                print("  problem:", problem, flush=True)
-            failed += bool(result.problems)
-            key = f"{seconds:g}s"
-            for name, value in counts.items():
-                if name == "max_answer_s":
-                    totals[f"{key} max_answer_s"] = max(totals.get(f"{key} max_answer_s", 0.0), value)
-                elif name != "freeze_s":
-                    totals[f"{key} {name}"] = totals.get(f"{key} {name}", 0) + value
-    print(json.dumps({"totals": totals, "rounds_with_problems": failed}), flush=True)
-    return 1 if failed else 0
-
-
-def main() -> None:
-    """``python -m tests.support.intake_freeze [--rounds N]``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--long", type=float, default=DEADLINE + 3.0, help="the long freeze, seconds")
-    parser.add_argument("--short", type=float, default=4.0, help="the short freeze, seconds")
-    args = parser.parse_args()
-    raise SystemExit(trio.run(_main, args.rounds, args.long, args.short))
-
-
-if __name__ == "__main__":
-    main()
+async def freeze_rounds(freezes: tuple[float, ...] = (DEADLINE + 5.0, 4.0)) -> list[Round]:
+    """One round of each freeze (seconds), each on a throwaway server of its own (bench/faults.py)."""
+    rounds = []
+    for seconds in freezes:
+        with restartable_pg() as pg:
+            rounds.append(await freeze_round(pg, seconds))
+    return rounds
