@@ -24,7 +24,15 @@ import trio
 
 from autom.db import open_database
 from autom.errors import DatabaseUnavailable, QueryError
-from autom.events import FATE_SECONDS, GATHER_SECONDS, SenderGone, StoreBatcher, batch_items, store_params
+from autom.events import (
+    CANCEL_SECONDS,
+    FATE_SECONDS,
+    GATHER_SECONDS,
+    SenderGone,
+    StoreBatcher,
+    batch_items,
+    store_params,
+)
 from autom.jobs.models import NewJob
 from tests.support.http_app import TELEGRAM_SECRET, count_rows, running_app
 from tests.support.restartable_pg import RestartablePg, restartable_pg
@@ -592,18 +600,23 @@ async def test_a_delivery_the_database_does_not_store_within_its_deadline_gets_5
     assert await stored_updates(db) == {"3"}
 
 
-async def test_a_hop_cancelled_at_its_deadline_that_had_committed_answers_with_what_it_stored(dsn: str) -> None:
+@pytest.mark.parametrize("held", [1.5, 2.5])
+async def test_a_hop_cancelled_at_its_deadline_that_had_committed_answers_with_what_it_stored(
+    dsn: str, held: float,
+) -> None:
     """The hop's statement commits but its answer comes late (a proxy holds it back past the
-    deadline): the cancelled hop's commit record shows it was stored, so the sender gets its
-    event id, not a 503 that would make it deliver again."""
+    cut-off): the sender gets its event id, not a 503 that would make it deliver again, by
+    its deadline. Held 1.5 s, the answer comes while the cancel waits for it (cut off at
+    1 s, FATE_SECONDS before the deadline; the connection closed CANCEL_SECONDS later);
+    held 2.5 s, the connection is closed first and the commit record tells."""
     from tests.support.pg_proxy import pg_proxy
 
     async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
         batcher = StoreBatcher(db)
-        # cut off 1 s in (FATE_SECONDS before the deadline); its answer comes while the cancel waits
-        proxy.hold_after_commit(b"insert into events", 1.5)
+        proxy.hold_after_commit(b"insert into events", held)
         outcome = await batcher.store(params(1), trio.current_time() + FATE_SECONDS + 1.0)
-        assert proxy.holds == 1
+        if held < 1.0 + CANCEL_SECONDS:
+            assert proxy.holds == 1  # forwarded: the connection closes at 2 s at the earliest
         rows = await db.fetch_all("select id, body from events")
         assert [(row["id"], json.loads(row["body"])) for row in rows] == [(outcome[0], {"n": 1})]
         assert outcome[1] == 1
