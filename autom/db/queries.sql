@@ -329,7 +329,7 @@ from line l, sync;
 --   retry     back to pending at now + delay, the error recorded (the attempt counts)
 --   failed    failed for good (the jobs_failed_alert trigger records its alert); with
 --             unrun (the worker failed the claim without running it: attempts exhausted,
---             an at-most-once job lost, no handler) the claim's attempt is given back, so
+--             an at-most-once job lost) the claim's attempt is given back, so
 --             attempts stays the runs started
 --   released  back to pending at once, the attempt not counted (shutdown); run_at kept
 --   deferred  back to pending at now + delay, the attempt not counted, no error (Defer);

@@ -480,7 +480,8 @@ class WorkerPool:
         called = False  # the handler was called (an at-most-once run cut short fails)
         try:
             if spec is None:
-                outcome = self._failed(run, f"no handler for kind {job.kind!r}", unrun=True)
+                # counted: the alert says "failed after 1 attempt", as for any run that failed at once
+                outcome = self._failed(run, f"no handler for kind {job.kind!r}")
             elif spec.at_most_once and job.attempts > 1:
                 # an earlier run of it started and never ended (the claim's comment, queries.sql)
                 outcome = self._failed(run, LOST_AT_MOST_ONCE, unrun=True)

@@ -86,8 +86,7 @@ async def test_unknown_kind_fails_permanently_with_an_alert(dsn, db, telegram_st
         with trio.fail_after(10):
             await telegram_stub.wait_for_calls(1, method="sendMessage", chat_id=ALERT_CHAT)
     row = await job_row(db, job_id)
-    # no handler ran: attempts counts runs started
-    assert row["attempts"] == 0 and "no handler for kind 'no.such.kind'" in row["last_error"]
+    assert row["attempts"] == 1 and "no handler for kind 'no.such.kind'" in row["last_error"]
 
 
 async def test_a_hanging_api_times_out_while_other_chats_are_served(dsn, db, telegram_stub):
