@@ -182,6 +182,48 @@ def cmd_failed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_job(args: argparse.Namespace) -> int:
+    """``autom job JOB_ID``: one job, every attempt (error, traceback, logged lines) and the actions on it."""
+    from autom.ops import visible
+
+    job = _run_ops(lambda ops: ops.get_job(args.job_id))
+    if args.json:
+        print(json.dumps(job, indent=2, default=str))
+        return 0
+    for name in ("id", "kind", "status", "attempts", "max_attempts", "recipient", "event_id", "run_at",
+                 "created_at", "finished_at", "last_error"):
+        print(f"{name + ':':<14}{visible(str(job.get(name)), one_line=True)}")
+    for a in job["attempt_log"]:
+        print(f"\nattempt {a['attempt']}: {a['outcome']}  {_when(a, 'started_at')} .. {_when(a, 'ended_at')}")
+        if a.get("error"):
+            print("  error: " + visible(str(a["error"]), one_line=True))
+        if a.get("traceback"):
+            print("  " + visible(str(a["traceback"])).rstrip("\n").replace("\n", "\n  "))
+        for line in a.get("log") or []:
+            print("  log: " + visible(str(line), one_line=True))
+    for act in job.get("actions") or []:
+        print(f"\naction: {_when(act, 'at')}  {act['via']}  {act['action']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """``autom audit``: the operator actions, newest first."""
+    from autom.ops import visible
+
+    actions = _run_ops(lambda ops: ops.audit(args.limit))
+    if args.json:
+        print(json.dumps(actions, indent=2, default=str))
+        return 0
+    if not actions:
+        print("no operator actions recorded")
+        return 0
+    print(f"{'AT (UTC)':<19}  {'VIA':<8}  {'ACTION':<12}  TARGET")
+    for act in actions:
+        print(f"{_when(act, 'at'):<19}  {act['via']:<8}  {act['action']:<12}  "
+              f"{visible(str(act.get('target') or '-'), one_line=True)}")
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     """``autom jobs``: jobs, newest first, filtered as the console filters them."""
     from autom.ops import JobFilter
@@ -215,13 +257,13 @@ def cmd_retry(args: argparse.Namespace) -> int:
     if args.job_id is not None and (args.kind or args.since):
         raise UsageError("--kind and --since go with --failed, not with JOB_ID")
     if args.job_id is not None:
-        job = _run_ops(lambda ops: ops.retry_job(args.job_id))
+        job = _run_ops(lambda ops: ops.retry_job(args.job_id, via="cli"))
         print(f"job {job['id']} ({job['kind']}) is pending again with its attempts reset; it runs as soon as a "
               "worker is free")
         return 0
     from autom.ops import FailedFilter
 
-    result = _run_ops(lambda ops: ops.retry_failed(FailedFilter(kind=args.kind, since=args.since)))
+    result = _run_ops(lambda ops: ops.retry_failed(FailedFilter(kind=args.kind, since=args.since), via="cli"))
     print(f"retried {len(result.retried)}, skipped {result.skipped} (no longer failed)")
     if result.more:
         print("more failed jobs match than one call takes: run the same command again")
@@ -230,7 +272,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``autom cancel JOB_ID``: a pending job ends cancelled (never runs, no alert)."""
-    job = _run_ops(lambda ops: ops.cancel_job(args.job_id, running=False))
+    job = _run_ops(lambda ops: ops.cancel_job(args.job_id, running=False, via="cli"))
     print(f"job {job['id']} ({job['kind']}) is cancelled: it will not run (autom retry {job['id']} undoes it)")
     return 0
 
@@ -238,14 +280,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_reschedule(args: argparse.Namespace) -> int:
     """``autom reschedule JOB_ID (--at TIME | --now)``: a pending job runs not before TIME (retry delay cleared)."""
     run_at = datetime.now(UTC) if args.now else args.at
-    job = _run_ops(lambda ops: ops.reschedule_job(args.job_id, run_at))
+    job = _run_ops(lambda ops: ops.reschedule_job(args.job_id, run_at, via="cli"))
     print(f"job {job['id']} ({job['kind']}) runs not before {_when(job, 'run_at')} UTC")
     return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """``autom pause KIND``: the kind's jobs stay pending until resumed (every replica)."""
-    changed = _run_ops(lambda ops: ops.pause_kind(args.kind))
+    changed = _run_ops(lambda ops: ops.pause_kind(args.kind, via="cli"))
     print(f"kind {args.kind} {'is paused now' if changed else 'was paused already'}: its jobs stay pending "
           f"until: autom resume {args.kind}")
     return 0
@@ -253,7 +295,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """``autom resume KIND``: a paused kind's jobs run again."""
-    changed = _run_ops(lambda ops: ops.resume_kind(args.kind))
+    changed = _run_ops(lambda ops: ops.resume_kind(args.kind, via="cli"))
     print(f"kind {args.kind} {'is resumed: its jobs run again' if changed else 'was not paused'}")
     return 0
 
@@ -263,7 +305,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     async def replay(ops: Any) -> tuple[dict, list[int]]:
         event = await ops.get_event(args.event_id)
-        return event, await ops.replay_event(args.event_id)
+        return event, await ops.replay_event(args.event_id, via="cli")
 
     event, created = _run_ops(replay)
     if created:
@@ -434,6 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
                  examples=["autom failed --limit 50", "autom failed --json | jq '.[].id'"])
     failed.add_argument("--limit", type=_positive_int, default=20, help="how many (default 20)")
     failed.add_argument("--json", action="store_true", help="print JSON for scripts")
+    job = add("job", cmd_job, "one job: its fields, every attempt (error, traceback, the lines its handler "
+              "logged) and the operator actions on it", reads=_DATABASE_ONLY,
+              examples=["autom job 4", "autom job 4 --json | jq '.attempt_log[-1].traceback'"])
+    job.add_argument("job_id", type=_positive_int, metavar="JOB_ID")
+    job.add_argument("--json", action="store_true", help="print JSON for scripts")
+    audit = add("audit", cmd_audit, "the operator actions, newest first: when, through what, action, target",
+                reads=_DATABASE_ONLY, examples=["autom audit --limit 50", "autom audit --json"])
+    audit.add_argument("--limit", type=_positive_int, default=50, help="how many (default 50)")
+    audit.add_argument("--json", action="store_true", help="print JSON for scripts")
     retry = add("retry", cmd_retry, "put a failed, cancelled (or pending) job back in the queue now, attempts "
                                     "reset; or with --failed every failed job that matches", reads=_DATABASE_ONLY,
                 examples=["autom retry 4", "autom retry --failed --kind telegram.message --since 6h"])

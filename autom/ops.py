@@ -10,11 +10,12 @@ event, and a replay always creates the event's jobs anew.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from autom import events
 from autom.db.bounded import fetch_all_bounded
@@ -29,6 +30,9 @@ from autom.sources.base import Source
 
 if TYPE_CHECKING:
     from autom.app import Registry
+
+#: through what an operator acted (the audit trail): the console, the admin API, the CLI
+Via = Literal["console", "api", "cli"]
 
 JOB_STATUSES = ("pending", "running", "done", "failed", "cancelled")
 #: statuses a single job may be retried from (README, Operations: `autom retry JOB_ID`)
@@ -278,17 +282,39 @@ class Operations:
             raise NotFound(f"no job with id {job_id}")
         log = [job_json(a) for a in await self.db.fetch_all(Q.ops_job_attempts, {"id": job_id})]
         claimed = row.pop("claimed_at")
+        run_log = row.pop("run_log", None)
+        row.pop("last_traceback", None)
         if row["status"] in ("running", "done") and row["attempts"] > 0:
             log.append(job_json({
-                "attempt": row["attempts"], "started_at": claimed,
+                "attempt": len(log) + 1, "started_at": claimed,
                 "ended_at": row["finished_at"] if row["status"] == "done" else None,
-                "outcome": row["status"], "error": None,
+                "outcome": row["status"], "error": None, "traceback": None,
+                "log": run_log if row["status"] == "done" else None,
             }))
         job = job_json(row)
         job["attempt_log"] = log
+        job["actions"] = await self.actions_on(f"job:{job_id}")
         return job
 
-    async def retry_job(self, job_id: int) -> dict:
+    # -- the audit trail -------------------------------------------------------------------
+
+    async def record_action(self, via: Via, action: str, target: str | None = None,
+                            detail: Mapping[str, Any] | None = None) -> None:
+        """Record one operator action (``via``: console, api or cli; ``target``: ``job:ID``,
+        ``event:ID``, ``kind:K``, ``recipient:R`` or None; ``detail``: JSON-able extras)."""
+        await self.db.execute(Q.ops_record_action, {
+            "via": via, "action": action, "target": target,
+            "detail": json.dumps(dict(detail), default=str) if detail is not None else None})
+
+    async def audit(self, limit: int = 50) -> list[dict]:
+        """The operator actions, newest first."""
+        return [job_json(r) for r in await self.db.fetch_all(Q.ops_audit, {"limit": limit})]
+
+    async def actions_on(self, target: str) -> list[dict]:
+        """The operator actions on one target (``job:ID``), oldest first."""
+        return [job_json(r) for r in await self.db.fetch_all(Q.ops_target_actions, {"target": target})]
+
+    async def retry_job(self, job_id: int, *, via: Via | None = None) -> dict:
         """Put a failed, cancelled (or pending) job back in the queue now with its attempts reset.
 
         ``Conflict`` for a running or done job (replay its event instead), ``NotFound``
@@ -303,9 +329,11 @@ class Operations:
                 hint = f"it runs now and is retried by itself if it fails; or {hint}"
             raise Conflict(f"job {job_id} is {job['status']}: only a failed, cancelled or pending job can be "
                            f"retried ({hint})")
+        if via is not None:
+            await self.record_action(via, "retry", f"job:{job_id}")
         return job_json(rows[0])
 
-    async def cancel_job(self, job_id: int, *, running: bool = True) -> dict:
+    async def cancel_job(self, job_id: int, *, running: bool = True, via: Via | None = None) -> dict:
         """A pending job (also one waiting for its retry) ends ``cancelled``; so does a running one
         (``running``), whose handler its worker cancels within about a second (no retry, no alert).
         ``Conflict`` for other statuses, ``NotFound`` for an unknown id."""
@@ -316,9 +344,11 @@ class Operations:
             which = "a pending or running job" if running else "a pending job (also one waiting for its retry)"
             raise Conflict(f"job {job_id} is {job['status']}: only {which} can be cancelled")
         row.pop("was", None)
+        if via is not None:
+            await self.record_action(via, "cancel", f"job:{job_id}")
         return job_json(row)
 
-    async def reschedule_job(self, job_id: int, run_at: datetime) -> dict:
+    async def reschedule_job(self, job_id: int, run_at: datetime, *, via: Via | None = None) -> dict:
         """A pending job (also one waiting for its retry) runs not before ``run_at`` (its retry delay
         is cleared); ``Conflict`` for any other status, ``NotFound`` for an unknown id."""
         row = await self.db.fetch_one(Q.ops_reschedule_job, {"id": job_id, "run_at": run_at})
@@ -326,6 +356,8 @@ class Operations:
             job = await self.get_job(job_id)
             raise Conflict(f"job {job_id} is {job['status']}: only a pending job (also one waiting for its "
                            "retry) can be rescheduled")
+        if via is not None:
+            await self.record_action(via, "reschedule", f"job:{job_id}", {"run_at": run_at.isoformat()})
         return job_json(row)
 
     async def count_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
@@ -340,7 +372,7 @@ class Operations:
         return FailedCount(Capped(sum(n for _, n in by_kind), cap), by_kind)
 
     async def retry_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
-                           batch: int = BULK_RETRY_BATCH) -> BulkRetry:
+                           batch: int = BULK_RETRY_BATCH, via: Via | None = None) -> BulkRetry:
         """Retry every failed job ``filt`` matches (each of its fields optional).
 
         At most ``cap`` jobs per call, in statements of ``batch`` rows, oldest first;
@@ -356,6 +388,10 @@ class Operations:
             chunk = ids[start:start + batch]
             rows = await self.db.fetch_all(Q.ops_retry_jobs, {"ids": chunk, "statuses": ["failed"]})
             retried.extend(r["id"] for r in rows)
+        if via is not None:
+            await self.record_action(via, "bulk_retry", None, {
+                **{k: v for k, v in (filt or FailedFilter()).params().items() if v is not None},
+                "retried": len(retried)})
         return BulkRetry(retried=retried, skipped=len(ids) - len(retried), more=more)
 
     # -- kinds -----------------------------------------------------------------------------
@@ -370,7 +406,7 @@ class Operations:
         rows = await self.db.fetch_all(Q.ops_known_kinds)
         return sorted(set(builtin_handlers()) | {str(r["kind"]) for r in rows})
 
-    async def pause_kind(self, kind: str) -> bool:
+    async def pause_kind(self, kind: str, *, via: Via | None = None) -> bool:
         """Pause ``kind`` (its jobs stay pending, on every replica); False if it was paused already.
 
         ``NotFound`` for a kind no handler serves (a misspelt kind would pause nothing).
@@ -379,11 +415,16 @@ class Operations:
         if kind not in known:
             raise NotFound(f"no handler serves kind {visible(kind, one_line=True)!r}: nothing to pause "
                            f"(kinds: {', '.join(known)})")
-        return await self.db.fetch_one(Q.ops_pause_kind, {"kind": kind}) is not None
+        paused = await self.db.fetch_one(Q.ops_pause_kind, {"kind": kind}) is not None
+        if via is not None:
+            await self.record_action(via, "pause", f"kind:{kind}")
+        return paused
 
-    async def resume_kind(self, kind: str) -> bool:
+    async def resume_kind(self, kind: str, *, via: Via | None = None) -> bool:
         """Resume ``kind``; False if it was not paused (``NotFound`` if it is neither paused nor served)."""
         if await self.db.fetch_one(Q.ops_resume_kind, {"kind": kind}) is not None:
+            if via is not None:
+                await self.record_action(via, "resume", f"kind:{kind}")
             return True  # also a kind no handler serves any more: its pause can always be lifted
         known = await self.known_kinds()
         if kind not in known:
@@ -413,9 +454,12 @@ class Operations:
             rows = await fetch_all_bounded(self.db, Q.ops_list_events, params, seconds=statement_seconds)
         return [job_json(r) for r in rows]
 
-    async def replay_event(self, event_id: int) -> list[int]:
+    async def replay_event(self, event_id: int, *, via: Via | None = None) -> list[int]:
         """Parse a stored event again and create its jobs anew; the ids created (``events.replay_event``)."""
-        return await events.replay_event(self.store, self.sources, event_id, defaults=self.defaults)
+        created = await events.replay_event(self.store, self.sources, event_id, defaults=self.defaults)
+        if via is not None:
+            await self.record_action(via, "replay", f"event:{event_id}", {"jobs": created})
+        return created
 
     # -- the numbers -----------------------------------------------------------------------
 

@@ -281,7 +281,9 @@ with d as (
     -- semi join, 63 x 32 comparisons for a claim's worth), and a join with unnest walked
     -- the running jobs' entries in jobs_kind_status: 2.5-5 µs of PostgreSQL CPU per job
     -- more (bench/RESULTS.md, Speed round three)
-    update jobs set status = 'done', finished_at = now(), updated_at = now()
+    -- a done job keeps no last_error (its attempts keep theirs, job_attempts)
+    update jobs set status = 'done', finished_at = now(), updated_at = now(), last_error = null,
+                    last_traceback = null
      where id = any (%(ids)s::bigint[])
        and lease = (%(leases)s::bigint[])[array_position(%(ids)s::bigint[], id)]
        and status = 'running'

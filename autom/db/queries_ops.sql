@@ -52,7 +52,7 @@ limit %(limit)s;
 
 -- name: ops_get_job
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
-       recipient, payload, created_at, updated_at, finished_at, claimed_at
+       recipient, payload, created_at, updated_at, finished_at, claimed_at, run_log
 from jobs where id = %(id)s;
 
 -- name: ops_jobs_by_ids
@@ -61,10 +61,23 @@ select id, kind, status, attempts, max_attempts, last_error, key, recipient, cre
 from jobs where id = any (%(ids)s::bigint[]) order by id limit 500;
 
 -- name: ops_job_attempts
--- The attempts of a job that did not end done, oldest first (migrations/0008).
-select attempt, started_at, ended_at, outcome, error
+-- The attempts of a job that did not end done, oldest first (migrations/0008, 0028),
+-- numbered on across manual retries (a retry resets jobs.attempts, not this count).
+select row_number() over (order by id) as attempt, started_at, ended_at, outcome, error, traceback, log
 from job_attempts where job_id = %(id)s order by id
 limit 1000;
+
+-- name: ops_record_action
+-- One operator action (the audit trail, migrations/0028).
+insert into audit_log (via, action, target, detail) values (%(via)s, %(action)s, %(target)s, %(detail)s);
+
+-- name: ops_audit
+-- The operator actions, newest first.
+select at, via, action, target, detail from audit_log order by at desc, id desc limit %(limit)s;
+
+-- name: ops_target_actions
+-- The operator actions on one target (a job: 'job:ID'), oldest first.
+select at, via, action, target, detail from audit_log where target = %(target)s order by at, id limit 1000;
 
 -- name: ops_retry_jobs
 -- Jobs back in the queue now with their attempts reset, if their status is one of
@@ -289,6 +302,13 @@ delete from events where id in (
     select e.id from events e
     where e.received_at < now() - make_interval(secs => %(keep_seconds)s)
       and not exists (select 1 from jobs j where j.event_id = e.id and j.status not in ('done', 'cancelled'))
+    limit %(batch)s
+);
+
+-- name: prune_audit
+-- Operator actions older than the events' retention.
+delete from audit_log where id in (
+    select id from audit_log where at < now() - make_interval(secs => %(keep_seconds)s) order by at
     limit %(batch)s
 );
 

@@ -4,7 +4,8 @@ Deletes, in small batches so no statement holds locks for long: done jobs older
 than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
 (pending, running or failed) job references; lock rows of recipients with
 nothing queued; alerts sent more than RETAIN_DONE_DAYS ago (unsent ones wait to
-be sent); Telegram send-limit rows of chats quiet for an hour (autom/limits.py);
+be sent); operator actions older than RETAIN_EVENTS_DAYS; Telegram send-limit
+rows of chats quiet for an hour (autom/limits.py);
 ``ctx.once`` keys older than the longer of the two retentions (until then every
 job or event that could repeat the effect is still there to be retried or replayed).
 Failed jobs are kept until retried or deleted by hand. Jobs with
@@ -56,6 +57,7 @@ async def handle(ctx: HandlerContext, job: Job) -> None:
         "keep_seconds": settings.retain_done_days * 86400, "key_keep_seconds": KEY_KEEP_SECONDS,
     })
     events = await _prune(ctx, Q.prune_events, {"keep_seconds": settings.retain_events_days * 86400})
+    await _prune(ctx, Q.prune_audit, {"keep_seconds": settings.retain_events_days * 86400})
     recipients = await _prune(ctx, Q.prune_recipients, {})
     alerts = await _prune(ctx, Q.prune_sent_alerts, {"keep_seconds": settings.retain_done_days * 86400})
     once_keep_days = max(settings.retain_done_days, settings.retain_events_days)

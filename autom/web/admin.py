@@ -84,6 +84,7 @@ JOB_FILTERS: dict[str, p.Parser] = {
 }
 JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
+AUDIT = {"limit": p.limit(MAX_LIMIT)}
 RETRY_FAILED = {"kind": p.text, "recipient": p.text, "since": p.when}
 #: the body of a reschedule
 RESCHEDULE = {"run_at": p.run_at}
@@ -113,6 +114,7 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     bp.add_url_rule("/kinds/<kind>/pause", "pause_kind", admin.pause_kind, methods=["POST"])
     bp.add_url_rule("/kinds/<kind>/resume", "resume_kind", admin.resume_kind, methods=["POST"])
     bp.add_url_rule("/stats", "stats", admin.stats, methods=["GET"])
+    bp.add_url_rule("/audit", "audit", admin.audit, methods=["GET"])
     return bp
 
 
@@ -193,7 +195,7 @@ class Admin:
         """``POST /admin/jobs/{id}/retry``: 200 the job, now pending; 409 running or done; 404 unknown."""
 
         async def retry(ident: int) -> dict[str, Any]:
-            job = await self._ops.retry_job(ident)
+            job = await self._ops.retry_job(ident, via="api")
             self._deps.doorbell.set()
             log.info("admin: job %d put back in the queue", ident, extra={"job_id": ident, "kind": job["kind"]})
             return job
@@ -205,7 +207,7 @@ class Admin:
         or cancelled; 404 unknown."""
 
         async def cancel(ident: int) -> dict[str, Any]:
-            job = await self._ops.cancel_job(ident)
+            job = await self._ops.cancel_job(ident, via="api")
             # its recipient's later jobs may be free to run now
             self._deps.doorbell.set()
             log.info("admin: job %d cancelled", ident, extra={"job_id": ident, "kind": job["kind"]})
@@ -226,7 +228,7 @@ class Admin:
             return error_response(400, str(exc))
 
         async def reschedule() -> dict[str, Any]:
-            job = await self._ops.reschedule_job(ident, fields["run_at"])
+            job = await self._ops.reschedule_job(ident, fields["run_at"], via="api")
             self._deps.doorbell.set()
             log.info("admin: job %d rescheduled to %s", ident, job["run_at"], extra={"job_id": ident})
             return job
@@ -247,7 +249,7 @@ class Admin:
             return error_response(400, str(exc))
 
         async def retry() -> dict[str, Any]:
-            result = await self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP)
+            result = await self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP, via="api")
             if result.retried:
                 self._deps.doorbell.set()
             log.info("admin: retried %d failed job(s), skipped %d", len(result.retried), result.skipped,
@@ -274,7 +276,7 @@ class Admin:
         """``POST /admin/events/{id}/replay``: 202 ``{"jobs": [ids]}``; 409 cannot parse/unknown source; 404."""
 
         async def replay(ident: int) -> dict[str, Any]:
-            created = await self._ops.replay_event(ident)
+            created = await self._ops.replay_event(ident, via="api")
             if created:
                 self._deps.doorbell.set()
             log.info("admin: event %d replayed, %d job(s) created", ident, len(created),
@@ -299,6 +301,14 @@ class Admin:
         """``GET /admin/stats``: 200 jobs by status and kind, queue lag, failures in the last hour."""
         return await self._plain(self._ops.stats)
 
+    async def audit(self) -> Response:
+        """``GET /admin/audit?limit=``: 200 ``{"actions": [...]}``, the operator actions, newest first."""
+        try:
+            q = query(AUDIT)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+        return await self._answer(200, lambda: self._ops.audit(q["limit"] or DEFAULT_LIMIT), "actions")
+
     async def _kind(self, raw: str, *, pause: bool) -> Response:
         try:
             query(NONE)
@@ -308,7 +318,7 @@ class Admin:
             return error_response(400, str(exc))
 
         async def change() -> dict[str, Any]:
-            changed = await (self._ops.pause_kind(kind) if pause else self._ops.resume_kind(kind))
+            changed = await (self._ops.pause_kind(kind, via="api") if pause else self._ops.resume_kind(kind, via="api"))
             if changed and not pause:
                 self._deps.doorbell.set()
             log.info("admin: kind %s %s", kind, "paused" if pause else "resumed", extra={"kind": kind})

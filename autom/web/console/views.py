@@ -332,7 +332,7 @@ class Console:
         """``POST /ui/jobs/{id}/retry``: back in the queue; then the job's page."""
         try:
             ident = _ident(job_id, "job")
-            await self._call(self._ops.retry_job(ident))
+            await self._call(self._ops.retry_job(ident, via="console"))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
         self._deps.doorbell.set()
@@ -343,7 +343,7 @@ class Console:
         """``POST /ui/jobs/{id}/cancel``: cancelled; then the job's page."""
         try:
             ident = _ident(job_id, "job")
-            await self._call(self._ops.cancel_job(ident))
+            await self._call(self._ops.cancel_job(ident, via="console"))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
         self._deps.doorbell.set()
@@ -356,7 +356,7 @@ class Console:
         try:
             ident = _ident(job_id, "job")
             run_at = p.run_at("run at", str(form.get("run_at", "")))
-            await self._call(self._ops.reschedule_job(ident, run_at))
+            await self._call(self._ops.reschedule_job(ident, run_at, via="console"))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
@@ -409,7 +409,7 @@ class Console:
         """``POST /ui/events/{id}/replay``: its jobs created anew; then the event's page listing them."""
         try:
             ident = _ident(event_id, "event")
-            created = await self._call(self._ops.replay_event(ident))
+            created = await self._call(self._ops.replay_event(ident, via="console"))
         except PageError as exc:
             return await self._error(exc.status, str(exc))
         if created:
@@ -435,7 +435,7 @@ class Console:
         form = await request.form
         try:
             q = p.parse_query(((k, v) for k, v in form.items(multi=True) if k != "csrf"), RETRY_FILTER)
-            result = await self._call(self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP))
+            result = await self._call(self._ops.retry_failed(FailedFilter(**q), cap=BULK_RETRY_CAP, via="console"))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
@@ -460,7 +460,8 @@ class Console:
             kind = p.text("kind", str(form.get("kind", "")).strip())
             if not kind:
                 raise BadParameter("kind must not be empty")
-            changed = await self._call(self._ops.pause_kind(kind) if pause else self._ops.resume_kind(kind))
+            changed = await self._call(self._ops.pause_kind(kind, via="console") if pause
+                                                else self._ops.resume_kind(kind, via="console"))
         except BadParameter as exc:
             return await self._error(400, str(exc))
         except PageError as exc:
