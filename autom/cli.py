@@ -285,6 +285,24 @@ def cmd_reschedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipient(args: argparse.Namespace) -> int:
+    """``autom recipient pause|resume|purge R``."""
+    from autom.ops import visible
+
+    shown = visible(args.recipient, one_line=True)
+    if args.action == "purge":
+        n = _run_ops(lambda ops: ops.purge_recipient(args.recipient))
+        print(f"recipient {shown}: {n} pending job(s) cancelled")
+    elif args.action == "pause":
+        _run_ops(lambda ops: ops.pause_recipient(args.recipient))
+        print(f"recipient {shown} is paused: its jobs stay pending (every replica) until: "
+              f"autom recipient resume {shown}")
+    else:
+        changed = _run_ops(lambda ops: ops.resume_recipient(args.recipient))
+        print(f"recipient {shown} {'is resumed: its jobs run again' if changed else 'was not paused'}")
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     """``autom pause KIND``: the kind's jobs stay pending until resumed (every replica)."""
     changed = _run_ops(lambda ops: ops.pause_kind(args.kind, via="cli"))
@@ -523,6 +541,11 @@ def build_parser() -> argparse.ArgumentParser:
     resume = add("resume", cmd_resume, "resume a paused kind", reads=_DATABASE_ONLY,
                  examples=["autom resume site.form"])
     resume.add_argument("kind", type=_name, metavar="KIND")
+    recipient = add("recipient", cmd_recipient, "pause, resume or purge a recipient: pause keeps its jobs pending "
+                    "(every replica) until resumed; purge cancels every pending job of it", reads=_DATABASE_ONLY,
+                    examples=["autom recipient pause 123456789", "autom recipient purge 123456789"])
+    recipient.add_argument("action", choices=["pause", "resume", "purge"])
+    recipient.add_argument("recipient", type=_name, metavar="R")
     telegram = sub.add_parser("telegram", help="Telegram Bot API set-up", description="Telegram Bot API set-up")
     tg_sub = telegram.add_subparsers(dest="telegram_command", metavar="COMMAND", required=True)
     set_webhook = add(

@@ -436,6 +436,46 @@ class Operations:
         """The paused kinds, with when each was paused."""
         return [job_json(r) for r in await self.db.fetch_all(Q.ops_paused_kinds)]
 
+    # -- recipients ------------------------------------------------------------------------
+
+    async def recipient(self, recipient: str, *, before: int | None = None, limit: int = 50,
+                        statement_seconds: float | None = None) -> dict[str, Any]:
+        """A recipient's state and story: ``{"recipient", "paused", "paused_at", "blocked", "blocked_at",
+        "timeline", "next_before"}``; the timeline covers its ``limit`` newest jobs before job id ``before``
+        (their creation, attempts, finish and events, newest first); ``next_before`` pages on (None: the end)."""
+        from autom.limits import blocked_chat
+
+        params = {"recipient": recipient, "before": before, "limit": limit}
+        if statement_seconds is None:
+            rows = await self.db.fetch_all(Q.ops_recipient_timeline, params)
+        else:
+            rows = await fetch_all_bounded(self.db, Q.ops_recipient_timeline, params, seconds=statement_seconds)
+        state = await self.db.fetch_one(Q.ops_recipient_state, {"recipient": recipient})
+        blocked = await blocked_chat(self.db, recipient)
+        timeline = [job_json({k: v for k, v in r.items() if v is not None}) for r in rows]
+        jobs = [r["job_id"] for r in rows if r["type"] == "job"]
+        paused_at = state["paused_at"] if state else None
+        return {
+            "recipient": recipient, "paused": paused_at is not None,
+            "paused_at": paused_at.isoformat() if paused_at else None,
+            "blocked": blocked is not None,
+            "blocked_at": blocked["blocked_at"].isoformat() if blocked else None,
+            "timeline": timeline,
+            "next_before": min(jobs) if len(jobs) == limit else None,
+        }
+
+    async def pause_recipient(self, recipient: str) -> None:
+        """Workers of every replica skip ``recipient``'s jobs (they stay pending) until it is resumed."""
+        await self.db.fetch_one(Q.ops_recipient_pause, {"recipient": recipient})
+
+    async def resume_recipient(self, recipient: str) -> bool:
+        """``recipient``'s jobs are claimed again; False if it was not paused."""
+        return await self.db.fetch_one(Q.ops_recipient_resume, {"recipient": recipient}) is not None
+
+    async def purge_recipient(self, recipient: str) -> int:
+        """Every pending job of ``recipient`` ends ``cancelled`` (never runs, no alert); how many."""
+        return int(await self.db.fetch_val(Q.ops_recipient_purge, {"recipient": recipient}) or 0)
+
     # -- events ----------------------------------------------------------------------------
 
     async def get_event(self, event_id: int) -> dict:

@@ -108,6 +108,8 @@ with rc as (
       and h.due_at <= now()
       -- a paused kind at a recipient's head holds the recipient back (its order stays)
       and h.kind <> all (select p.kind from paused_kinds p)
+      -- a paused recipient (migrations/0027) is skipped until resumed
+      and r.paused_at is null
     order by r.last_served nulls first
     limit %(n)s
     for update of r skip locked

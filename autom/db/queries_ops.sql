@@ -328,6 +328,7 @@ where r.recipient in (
     for update skip locked
 )
 and r.next_due_at is null
+and r.paused_at is null  -- a pause outlives an empty line (migrations/0027)
 and not exists (select 1 from jobs j where j.recipient = r.recipient and j.due_at is not null);
 
 -- name: prune_once_keys
@@ -360,3 +361,65 @@ with expired as (
 insert into service_state (name, value, updated_at)
 values (%(name)s, jsonb_build_object('until', %(until)s::timestamptz), now())
 on conflict (name) do nothing;
+
+-- name: ops_recipient_pause
+-- Pause a recipient (migrations/0027): the claim skips it in every replica. Its row
+-- is made if it has none yet. Returns paused_at (the first pause's, if paused already).
+insert into recipients as rc (recipient, paused_at) values (%(recipient)s, now())
+on conflict (recipient) do update set paused_at = coalesce(rc.paused_at, now())
+returning paused_at;
+
+-- name: ops_recipient_resume
+-- Resume a paused recipient: walked by the claim again now (its next_due_at moved to
+-- now: the claim may have retired it meanwhile), and the workers of every replica woken.
+with r as (
+    update recipients set paused_at = null, next_due_at = now(), ver = ver + 1
+     where recipient = %(recipient)s and paused_at is not null
+    returning recipient
+),
+wake as (select pg_notify('autom_jobs', '') from r)
+select r.recipient from r, (select count(*) from wake) w;
+
+-- name: ops_recipient_purge
+-- Every pending job of the recipient (also one waiting for its retry) ends cancelled;
+-- none of them is claimed (due_at becomes NULL). Returns how many.
+with c as (
+    update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now(),
+                    last_error = 'purged by an operator with its recipient'
+     where recipient = %(recipient)s and status = 'pending'
+    returning id
+)
+select count(*) as n from c;
+
+-- name: ops_recipient_state
+select paused_at from recipients where recipient = %(recipient)s;
+
+-- name: ops_recipient_timeline
+-- A recipient's story, newest first: for a page of its jobs (newest first, before the
+-- job id %(before)s, jobs_recipient_id), each job's creation, every attempt that did
+-- not end done (job_attempts), how it finished, and the events that made them.
+-- Messages sent are the finished entries of its Telegram jobs (with the parts they sent).
+with j as (
+    select id, kind, status, attempts, max_attempts, event_id, created_at, finished_at, last_error, telegram_parts
+    from jobs
+    where recipient = %(recipient)s and (%(before)s::bigint is null or id < %(before)s)
+    order by id desc
+    limit %(limit)s
+)
+select * from (
+    select j.created_at as at, 'job' as type, j.id as job_id, j.kind, j.status, null::int as attempt,
+           null::text as error, j.event_id, null::text as source, null::jsonb as parts
+    from j
+    union all
+    select a.ended_at, 'attempt', a.job_id, j.kind, a.outcome, a.attempt, a.error, j.event_id, null, null
+    from j join job_attempts a on a.job_id = j.id
+    union all
+    select j.finished_at, case when j.status = 'done' and j.telegram_parts is not null then 'sent'
+                               else j.status end,
+           j.id, j.kind, j.status, j.attempts, j.last_error, j.event_id, null, j.telegram_parts
+    from j where j.finished_at is not null
+    union all
+    select e.received_at, 'event', null, null, null, null, null, e.id, e.source, null
+    from events e where e.id in (select j.event_id from j where j.event_id is not null)
+) t
+order by at desc nulls last, job_id desc nulls last, type;

@@ -32,6 +32,11 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``GET  /admin/kinds/paused``                 200 ``{"paused": [{"kind","paused_at"}]}``.
 * ``POST /admin/kinds/{kind}/pause`` / ``resume``  200 ``{"kind","paused","changed"}``; 404 for a
   kind no handler serves (resume: unless it is paused), naming it.
+* ``GET  /admin/recipients/{r}?before=&limit=50``  200 ``{"recipient","paused","paused_at","blocked",
+  "blocked_at","timeline","next_before"}``: its events, jobs, attempts and finishes, newest first,
+  for its ``limit`` newest jobs before job id ``before`` (``next_before`` pages on).
+* ``POST /admin/recipients/{r}/pause`` / ``resume``  200 the recipient (its jobs stay pending in every
+  replica while paused); ``/purge``  200 ``{"cancelled": n}`` (its pending jobs end cancelled).
 * ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour, paused kinds.
 
 Every query parameter is checked (``autom.web.params``): an unknown one, one
@@ -86,6 +91,8 @@ JOB_LIST = {**JOB_FILTERS, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 EVENT_LIST = {"source": p.text, "since": p.when, "until": p.when, "before": p.ident, "limit": p.limit(MAX_LIMIT)}
 AUDIT = {"limit": p.limit(MAX_LIMIT)}
 RETRY_FAILED = {"kind": p.text, "recipient": p.text, "since": p.when}
+#: a recipient's page
+RECIPIENT_PAGE = {"before": p.ident, "limit": p.limit(MAX_LIMIT)}
 #: the body of a reschedule
 RESCHEDULE = {"run_at": p.run_at}
 #: routes that take no query parameter at all
@@ -115,6 +122,11 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     bp.add_url_rule("/kinds/<kind>/resume", "resume_kind", admin.resume_kind, methods=["POST"])
     bp.add_url_rule("/stats", "stats", admin.stats, methods=["GET"])
     bp.add_url_rule("/audit", "audit", admin.audit, methods=["GET"])
+    bp.add_url_rule("/recipients/<recipient>/pause", "pause_recipient", admin.pause_recipient, methods=["POST"])
+    bp.add_url_rule("/recipients/<recipient>/resume", "resume_recipient", admin.resume_recipient,
+                    methods=["POST"])
+    bp.add_url_rule("/recipients/<recipient>/purge", "purge_recipient", admin.purge_recipient, methods=["POST"])
+    bp.add_url_rule("/recipients/<recipient>", "get_recipient", admin.get_recipient, methods=["GET"])
     return bp
 
 
@@ -296,6 +308,51 @@ class Admin:
     async def resume_kind(self, kind: str) -> Response:
         """``POST /admin/kinds/{kind}/resume``: 200; its jobs run again."""
         return await self._kind(kind, pause=False)
+
+    async def get_recipient(self, recipient: str) -> Response:
+        """``GET /admin/recipients/{r}?before=&limit=``: 200 ``{"recipient","paused","blocked","timeline",...}``."""
+        try:
+            q = query(RECIPIENT_PAGE)
+            name = p.text("recipient", recipient)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+        return await self._answer(200, lambda: self._ops.recipient(name, before=q["before"],
+                                                                   limit=q["limit"] or DEFAULT_LIMIT))
+
+    async def pause_recipient(self, recipient: str) -> Response:
+        """``POST /admin/recipients/{r}/pause``: 200 the recipient; its jobs stay pending (every replica)."""
+        return await self._recipient_action(recipient, "pause")
+
+    async def resume_recipient(self, recipient: str) -> Response:
+        """``POST /admin/recipients/{r}/resume``: 200 the recipient; its jobs are claimed again."""
+        return await self._recipient_action(recipient, "resume")
+
+    async def purge_recipient(self, recipient: str) -> Response:
+        """``POST /admin/recipients/{r}/purge``: 200 ``{"cancelled": n}``: its pending jobs ended cancelled."""
+        return await self._recipient_action(recipient, "purge")
+
+    async def _recipient_action(self, raw: str, action: str) -> Response:
+        try:
+            query(NONE)
+            await no_fields()
+            name = p.text("recipient", raw)
+        except BadParameter as exc:
+            return error_response(400, str(exc))
+
+        async def act() -> dict[str, Any]:
+            shown = visible(name, one_line=True)
+            if action == "purge":
+                n = await self._ops.purge_recipient(name)
+                log.info("admin: recipient %s purged, %d pending job(s) cancelled", shown, n)
+                return {"cancelled": n}
+            if action == "pause":
+                await self._ops.pause_recipient(name)
+            elif await self._ops.resume_recipient(name):
+                self._deps.doorbell.set()
+            log.info("admin: recipient %s %sd", shown, action)
+            return await self._ops.recipient(name, limit=DEFAULT_LIMIT)
+
+        return await self._answer(200, act)
 
     async def stats(self) -> Response:
         """``GET /admin/stats``: 200 jobs by status and kind, queue lag, failures in the last hour."""

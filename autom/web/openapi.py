@@ -130,6 +130,9 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 
 _TIME = {"type": "string", "format": "date-time"}
 
+_RECIPIENT_PARAMETER = {"name": "recipient", "in": "path", "required": True, "schema": _NAME,
+                        "description": "A job's recipient (a chat id, ...)."}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -554,6 +557,27 @@ _PATHS: dict[str, Any] = {
             parameters=[_KIND_PARAMETER],
         ),
     },
+    "/admin/recipients/{recipient}": {
+        "get": _admin_operation(
+            "getRecipient", "A recipient's state and timeline (events, jobs, attempts, finishes), newest first",
+            {"200": _json("The recipient: `recipient`, `paused`, `blocked`, `timeline` (each `{at, type, ...}`), "
+                          "`next_before` (the `before` of the next page, or null).", {"type": "object"}),
+             "400": _error("A malformed recipient or query parameter.")},
+            parameters=[_RECIPIENT_PARAMETER, _query("before", _ID, "Only jobs with a smaller id (paging)."),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT})],
+        ),
+    },
+    **{f"/admin/recipients/{{recipient}}/{action}": {
+        "post": _admin_operation(
+            f"{action}Recipient", summary,
+            {"200": _json(answer, {"type": "object"}), "400": _error("A malformed recipient, or a body with a field.")},
+            parameters=[_RECIPIENT_PARAMETER],
+        ),
+    } for action, summary, answer in (
+        ("pause", "Pause a recipient: its jobs stay pending (every replica) until resumed", "The recipient."),
+        ("resume", "Resume a paused recipient", "The recipient."),
+        ("purge", "Cancel every pending job of a recipient", "`{\"cancelled\": n}`."),
+    )},
     "/admin/stats": {
         "get": _admin_operation(
             "stats", "Jobs by status and kind, queue lag, failures in the last hour, paused kinds",

@@ -396,3 +396,17 @@ async def test_reschedule_at_a_time_or_now(dsn, db, tmp_path):
     for args in (["reschedule", str(job)], ["reschedule", str(job), "--now", "--at", "2031-01-01"],
                  ["reschedule", str(job), "--at", "6h"]):
         assert (await autom(*args, env=env_for(dsn), cwd=tmp_path)).returncode == 2, args
+
+
+async def test_recipient_pause_resume_and_purge(dsn, db, tmp_path):
+    store = JobStore(db)
+    job = await store.enqueue(NewJob("site.form", {"n": 1}, recipient="555"))
+    paused = await autom("recipient", "pause", "555", env=env_for(dsn), cwd=tmp_path)
+    assert paused.returncode == 0 and "is paused" in paused.stdout, paused.stderr
+    assert await store.claim(10) == []
+    resumed = await autom("recipient", "resume", "555", env=env_for(dsn), cwd=tmp_path)
+    assert resumed.returncode == 0 and "is resumed" in resumed.stdout
+    await store.enqueue(NewJob("site.form", {"n": 2}, recipient="555"))
+    purged = await autom("recipient", "purge", "555", env=env_for(dsn), cwd=tmp_path)
+    assert purged.returncode == 0 and "2 pending job(s) cancelled" in purged.stdout
+    assert await db.fetch_val("select status from jobs where id = %s", [job]) == "cancelled"

@@ -56,6 +56,10 @@ ROUTES = [
     ("POST", "/admin/kinds/{kind}/pause", 200),
     ("POST", "/admin/kinds/{kind}/resume", 200),
     ("GET", "/admin/stats", 200),
+    ("GET", "/admin/recipients/{recipient}", 200),
+    ("POST", "/admin/recipients/{recipient}/pause", 200),
+    ("POST", "/admin/recipients/{recipient}/resume", 200),
+    ("POST", "/admin/recipients/{recipient}/purge", 200),
 ]
 
 #: Authorization values that must all be refused (None = no header at all)
@@ -102,7 +106,7 @@ async def post_update(client: httpx.AsyncClient, update: dict[str, Any] | bytes)
 
 
 def route_path(path: str, job: int | str, event: int | str) -> str:
-    return path.format(job=job, event=event, kind="telegram.message")
+    return path.format(job=job, event=event, kind="telegram.message", recipient="42")
 
 
 def ping(update_id: int, chat_id: int, text: str = "/ping") -> dict[str, Any]:

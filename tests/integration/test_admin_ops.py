@@ -20,7 +20,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.integration.test_admin import AUTH, insert_job, ping, post_update
 from tests.support.http_app import RunningApp, running_app
-from tests.support.queue import claim_one, sleeping_handler
+from tests.support.queue import claim_one, complete, sleeping_handler
 from tests.support.service import post_telegram, running_service, service_settings, telegram_update, wait_until
 from tests.support.telegram_stub import Reply
 
@@ -336,3 +336,59 @@ async def test_cancel_a_running_job_stops_its_handler_no_retry_no_alert(
 
 async def _status(db: Any, job: int | None, status: str) -> bool:
     return bool(await db.fetch_val("select status = %s from jobs where id = %s", [status, job]))
+
+
+async def test_a_recipients_timeline_pause_resume_and_purge(app: RunningApp, db: Any) -> None:
+    from autom.jobs.retry import RetryPolicy
+
+    store = JobStore(db)
+    # a delivery for chat 77 made one job; a second job follows; the first failed once, then ran
+    event = (await post_update(app.client, ping(7, 77))).json()["id"]
+    first = int(await db.fetch_val("select id from jobs where event_id = %s", [event]))
+    second = await store.enqueue(NewJob("site.form", {}, recipient="77"))
+    claimed = await claim_one(store)
+    assert claimed is not None and claimed.id == first
+    await store.fail(claimed, RuntimeError("flaky\nsecond line"), retry=RetryPolicy(base=0.0, cap=0.0))
+    again = await claim_one(store)
+    assert again is not None and again.id == first
+    assert await complete(store, again)
+    story = (await app.client.get("/admin/recipients/77", headers=AUTH)).json()
+    assert (story["recipient"], story["paused"], story["blocked"]) == ("77", False, False)
+    kinds = [(e["type"], e.get("job_id") or e.get("event_id")) for e in story["timeline"]]
+    assert ("event", event) in kinds and ("job", first) in kinds and ("job", second) in kinds
+    assert ("attempt", first) in kinds and ("done", first) in kinds
+    attempt = next(e for e in story["timeline"] if e["type"] == "attempt")
+    assert "flaky" in attempt["error"]
+    ats = [e["at"] for e in story["timeline"]]
+    assert ats == sorted(ats, reverse=True)  # newest first
+    assert kinds.index(("event", event)) > kinds.index(("job", first))
+
+    # pause: its jobs stay pending, claims take another recipient's; resume: claimed again
+    other = await store.enqueue(NewJob("site.form", {}, recipient="78"))
+    paused = await app.client.post("/admin/recipients/77/pause", headers=AUTH)
+    assert paused.status_code == 200 and paused.json()["paused"] is True
+    assert [j.id for j in await store.claim(10)] == [other]
+    assert await db.fetch_val("select status from jobs where id = %s", [second]) == "pending"
+    resumed = await app.client.post("/admin/recipients/77/resume", headers=AUTH)
+    assert resumed.status_code == 200 and resumed.json()["paused"] is False
+    assert [j.id for j in await store.claim(10)] == [second]
+
+    # purge: every pending job of it ends cancelled
+    later = [await store.enqueue(NewJob("site.form", {"n": n}, recipient="79")) for n in range(3)]
+    purged = await app.client.post("/admin/recipients/79/purge", headers=AUTH)
+    assert purged.json() == {"cancelled": 3}
+    statuses = [await db.fetch_val("select status from jobs where id = %s", [j]) for j in later]
+    assert statuses == ["cancelled"] * 3
+    assert (await app.client.get("/admin/recipients/79?limit=0", headers=AUTH)).status_code == 400
+    odd = await app.client.get("/admin/recipients/a%3Fb%23c", headers=AUTH)
+    assert odd.status_code == 200 and odd.json()["recipient"] == "a?b#c"
+
+
+async def test_a_paused_recipient_survives_the_prune_of_idle_recipients(db: Any) -> None:
+    from autom.db.queries import Q
+    from autom.ops import Operations
+
+    ops = Operations(db)
+    await ops.pause_recipient("idle")
+    await db.execute(Q.prune_recipients, {"batch": 100})
+    assert (await ops.recipient("idle"))["paused"] is True

@@ -65,6 +65,14 @@ NOTICES = {
     "cancelled": "Cancelled: it will not run (a running handler is stopped within about a second).",
     "rescheduled": "Rescheduled: it runs not before its new run time.",
 }
+#: ... on a recipient's page after its actions ("purged:N")
+RECIPIENT_NOTICES = {
+    "paused": "Paused: its jobs stay pending (every replica) until resumed.{}",
+    "resumed": "Resumed: its jobs run again.{}",
+    "not-paused": "It was not paused.{}",
+    "purged": "Purged: {} pending job(s) cancelled.",
+}
+RECIPIENT_PAGE = {"before": p.ident, "limit": p.limit(MAX_PAGE)}
 #: ... after a pause or resume, naming the kind (the sealed notice is "paused:KIND")
 KIND_NOTICES = {
     "paused": "Paused {}: its jobs stay pending until resumed.",
@@ -130,6 +138,10 @@ def console_blueprint(deps: Deps) -> Blueprint:
         ("/retry-failed", "retry_failed", console.retry_failed_page, ["GET"]),
         ("/retry-failed", "retry_failed_post", console.retry_failed, ["POST"]),
         ("/kinds/pause", "pause", console.pause, ["POST"]),
+        ("/recipients/<recipient>/pause", "recipient_pause", console.recipient_pause, ["POST"]),
+        ("/recipients/<recipient>/resume", "recipient_resume", console.recipient_resume, ["POST"]),
+        ("/recipients/<recipient>/purge", "recipient_purge", console.recipient_purge, ["POST"]),
+        ("/recipients/<recipient>", "recipient", console.recipient, ["GET"]),
         ("/kinds/resume", "resume", console.resume, ["POST"]),
     ]
     for path, name, view, methods in rules:
@@ -445,6 +457,60 @@ class Console:
         log.info("console: retried %d failed job(s), skipped %d", len(result.retried), result.skipped)
         return await self._render("retry_failed.html", count=None, filters=_retry_echo(form), result=result,
                                   cap=BULK_RETRY_CAP)
+
+    async def recipient(self, recipient: str) -> Response | str:
+        """``GET /ui/recipients/{r}``: its timeline (events, jobs, attempts, finishes), newest first, in
+        pages of its jobs; Pause / Resume / Purge."""
+        try:
+            q = p.parse_query(request.args.items(multi=True), {**RECIPIENT_PAGE, "notice": p.text, "seal": p.text})
+            name = p.text("recipient", recipient)
+            story = await self._call(self._ops.recipient(name, before=q["before"], limit=q["limit"] or PAGE,
+                                                         statement_seconds=QUERY_SECONDS))
+        except BadParameter as exc:
+            return await self._error(400, str(exc))
+        except PageError as exc:
+            return await self._error(exc.status, str(exc))
+        told = self._told("notice", q["notice"], q["seal"]) or ""
+        notice = RECIPIENT_NOTICES.get(told.partition(":")[0], "").format(told.partition(":")[2]) or None
+        for entry in story["timeline"]:
+            entry["headline"] = error_headline(entry.get("error"))
+        path = f"/ui/recipients/{quote(name, safe='')}"
+        return await self._render(
+            "recipient.html", r=story, path=path, notice=notice,
+            next_page=_query_string(request.args, before=str(story["next_before"]), notice=None, seal=None)
+            if story["next_before"] else None,
+            first_page=path if q["before"] else None,
+        )
+
+    async def recipient_pause(self, recipient: str) -> Response | str:
+        """``POST /ui/recipients/{r}/pause``: its jobs stay pending (every replica) until resumed."""
+        return await self._recipient_action(recipient, "pause")
+
+    async def recipient_resume(self, recipient: str) -> Response | str:
+        """``POST /ui/recipients/{r}/resume``: its jobs run again."""
+        return await self._recipient_action(recipient, "resume")
+
+    async def recipient_purge(self, recipient: str) -> Response | str:
+        """``POST /ui/recipients/{r}/purge``: every pending job of it ends cancelled."""
+        return await self._recipient_action(recipient, "purge")
+
+    async def _recipient_action(self, raw: str, action: str) -> Response | str:
+        try:
+            name = p.text("recipient", raw)
+            if action == "purge":
+                told = f"purged:{await self._call(self._ops.purge_recipient(name))}"
+            elif action == "pause":
+                await self._call(self._ops.pause_recipient(name))
+                told = "paused:"
+            else:
+                told = "resumed:" if await self._call(self._ops.resume_recipient(name)) else "not-paused:"
+                self._deps.doorbell.set()
+        except BadParameter as exc:
+            return await self._error(400, str(exc))
+        except PageError as exc:
+            return await self._error(exc.status, str(exc))
+        log.info("console: recipient %s: %s", visible(name, one_line=True), told)
+        return _redirect(self._sealed(f"/ui/recipients/{quote(name, safe='')}", "notice", told), 303)
 
     async def pause(self) -> Response | str:
         """``POST /ui/kinds/pause`` (field kind)."""
