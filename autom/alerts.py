@@ -16,9 +16,11 @@ pending rows and marks them sent only once Telegram accepted them:
   to send, the rest of its claim, the held ones) and skips those no longer its
   own. So a slow Telegram cannot make a lease run out mid-round and another
   replica send the same alert again;
-* ``AlertThrottle``: at most 5 single alerts a minute per process; the rest are held
-  (claimed, logged "alert suppressed by the throttle") and go out as ONE summary
-  naming how many, of which kinds, and ``autom failed`` to list them;
+* ``AlertThrottle`` and the alert chat's turn (its send limit, through the limiter
+  for every replica: a group takes 20 a minute): at most 5 single alerts a minute per
+  process, none before the chat's turn; the rest are held (claimed, logged "alert
+  suppressed by the throttle") and go out as ONE summary naming how many, of which
+  kinds, their ids and the console's failed list;
 * Telegram down: rows are released with a backoff (doubling to ``MAX_BACKOFF_SECONDS``,
   or a 429's ``retry_after``) and tried again; ``alert`` itself never raises;
 * at shutdown ``flush`` sends what it can (a held summary included) within a bound;
@@ -28,6 +30,7 @@ pending rows and marks them sent only once Telegram accepted them:
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -60,6 +63,16 @@ MAX_RETRY_AFTER_SECONDS = 300.0
 #: an unsent alert older than this makes /health say "degraded" (past the throttle's
 #: minute and a few backoff rounds, it is not on its way: something refuses it)
 STALE_SECONDS = 300.0
+#: an unsent alert older than this is held back (by the alert chat's limit, the throttle
+#: or an outage): /health says "degraded" until it is sent, alone or in a summary
+HELD_SECONDS = 15.0
+#: a summary names job ids up to about this many characters (Telegram takes 4,096)
+SUMMARY_CHARS = 3500
+#: at shutdown, how many turns of the alert chat ``flush`` waits for its held alerts
+#: (within the service's bound on the flush)
+FINAL_TURNS = 2
+#: where the console lists the failed jobs (README, Console)
+FAILED_LIST = "/ui/jobs?status=failed"
 
 Row = dict[str, Any]
 
@@ -74,6 +87,8 @@ class AlertHealth:
     stale: int
     #: why the last delivery anyone tried failed; empty when it succeeded (or none was tried)
     failing: str = ""
+    #: of the unsent, how many have waited longer than ``HELD_SECONDS`` (but not ``STALE_SECONDS``)
+    held: int = 0
 
     @property
     def problems(self) -> list[str]:
@@ -83,16 +98,19 @@ class AlertHealth:
             found.append(f"the last alert could not be delivered: {self.failing}")
         if self.stale:
             found.append(f"{self.stale} alert(s) unsent for over {STALE_SECONDS / 60:g} minutes")
+        if self.held:
+            found.append(f"{self.held} alert(s) held back for over {HELD_SECONDS:g} s (the alert chat's limit or "
+                         f"the throttle): a summary will name them, the console lists them ({FAILED_LIST})")
         return found
 
 
 async def read_alert_health(db: Database) -> AlertHealth:
     """The outbox's state and the last delivery's outcome (one small query)."""
-    row = await db.fetch_one(Q.alerts_health, {"stale": STALE_SECONDS})
+    row = await db.fetch_one(Q.alerts_health, {"stale": STALE_SECONDS, "held": HELD_SECONDS})
     delivery = (row or {}).get("delivery") or {}
     failing = "" if delivery.get("ok", True) else str(delivery.get("error") or "refused")
     return AlertHealth(unsent=int((row or {}).get("unsent") or 0), stale=int((row or {}).get("stale") or 0),
-                       failing=failing)
+                       failing=failing, held=int((row or {}).get("held") or 0))
 
 
 async def note_delivery(db: Database, result: AlertResult) -> None:
@@ -114,15 +132,27 @@ def job_failed_text(job_id: int, kind: str, attempts: int, error: object) -> str
     return f"autom: job {job_id} ({kind}) failed after {attempts} attempt{plural}: {one_line(str(error), 500)}"
 
 
-def summary_text(kinds: Counter[str]) -> str:
-    """ONE message for alerts the throttle held: how many, of which kinds, how to list them."""
-    count = sum(kinds.values())
-    noun = "alert" if count == 1 else "alerts"
-    jobs = "job" if count == 1 else "jobs"
+def summary_text(rows: Sequence[Row], limit: int = SUMMARY_CHARS) -> str:
+    """ONE message for the failed jobs of ``rows`` (alerts held back): how many, of which
+    kinds, their ids (as many as fit in ``limit`` characters, the lowest first) and where
+    to see all of them (the console's failed list, ``autom failed``)."""
+    count = len(rows)
+    kinds = Counter(str(r["kind"]) for r in rows)
     shown = kinds.most_common(10)
     by_kind = ", ".join(f"{kind}: {n}" for kind, n in shown) + (", …" if len(kinds) > len(shown) else "")
-    return (f"{count} more {noun} suppressed (too many at once): {count} {jobs} failed for good "
-            f"({by_kind}); list them with `autom failed --limit {max(count, 20)}`")
+    jobs = "job" if count == 1 else "jobs"
+    head = f"autom: {count} {jobs} failed for good, too many at once for one alert each ({by_kind}): {jobs} "
+    tail = (f". All of them: the console's {FAILED_LIST} (or `autom failed --limit {max(count, 20)}`)")
+    ids = sorted(int(r["job_id"]) for r in rows)
+    named: list[str] = []
+    room = limit - len(head) - len(tail) - 20  # 20: room for ", … and N more"
+    for job_id in ids:
+        room -= len(str(job_id)) + 2
+        if room < 0:
+            break
+        named.append(str(job_id))
+    rest = len(ids) - len(named)
+    return head + ", ".join(named) + (f", … and {rest} more" if rest else "") + tail
 
 
 class AlertThrottle:
@@ -182,6 +212,8 @@ class AlertSender:
         self.lease = 3 * deps.settings.http_timeout_seconds + 5.0
         self._held: dict[int, Row] = {}
         self._held_since: float | None = None
+        #: the alert chat's next turn (its send limit, shared by every replica), trio clock
+        self._turn_at = -math.inf
         # delivered but not marked yet (the mark failed): marked first thing next round
         self._unmarked: list[tuple[str, list[Row]]] = []
         self._round = trio.Lock()  # ``flush`` at shutdown may meet a round of ``run``
@@ -207,7 +239,7 @@ class AlertSender:
                 failing = False
             wait = POLL_SECONDS
             if self._held_since is not None and not failing:  # failing: no hurry into the next failure
-                wait = min(wait, self.throttle.summary_at(self._held_since) - trio.current_time())
+                wait = min(wait, self._summary_at() - trio.current_time())
             with trio.move_on_after(max(0.0, wait)):
                 await self.bell.doorbell.wait_after(seen)
 
@@ -229,8 +261,17 @@ class AlertSender:
             "claimant": uuid.uuid4().hex,
         })
         await self._send_singles(sorted(rows, key=lambda r: r["id"]))
-        if self._held and (final or trio.current_time() >= self.throttle.summary_at(self._held_since or 0.0)):
+        if self._held and (final or trio.current_time() >= self._summary_at()):
             await self._send_summary()
+        for _ in range(FINAL_TURNS if final else 0):  # at shutdown: wait for the chat's turn (bounded)
+            if not self._held or self._turn_at <= trio.current_time():
+                break
+            await trio.sleep(self._turn_at - trio.current_time())
+            await self._send_summary()
+
+    def _summary_at(self) -> float:
+        """When the held alerts go out: the throttle's time for a summary, and the alert chat's turn."""
+        return max(self.throttle.summary_at(self._held_since or 0.0), self._turn_at)
 
     async def _renew(self, rows: Sequence[Row]) -> set[int]:
         """Extend the claims on ``rows`` and on the held rows; returns the ids still ours.
@@ -251,7 +292,7 @@ class AlertSender:
     async def _send_singles(self, rows: Sequence[Row]) -> None:
         for index, row in enumerate(rows):
             now = trio.current_time()
-            if self._held or not self.throttle.has_room(now):
+            if self._held or not self.throttle.has_room(now) or now < self._turn_at:
                 self._hold(row, now)
                 continue
             # each send may take the whole HTTP timeout: first make sure every row this
@@ -262,6 +303,11 @@ class AlertSender:
                 continue
             text = job_failed_text(row["job_id"], row["kind"], row["attempts"], row["error"] or "(no error text)")
             result = await self.telegram.deliver_alert(text)
+            if result.held:  # the alert chat's turn has not come: this and the rest go in its next message
+                self._turn_at = trio.current_time() + result.retry_after
+                for waiting in rows[index:]:
+                    self._hold(waiting, trio.current_time())
+                return
             if result.delivered:
                 self.throttle.sent(trio.current_time())
                 self.deps.metrics.alerts.labels("sent").inc()
@@ -293,8 +339,11 @@ class AlertSender:
             only = held[0]
             text = job_failed_text(only["job_id"], only["kind"], only["attempts"], only["error"] or "(no error text)")
         else:
-            text = summary_text(Counter(r["kind"] for r in held))
+            text = summary_text(held)
         result = await self.telegram.deliver_alert(text)
+        if result.held:  # the alert chat's turn has not come: all of them wait for it
+            self._turn_at = trio.current_time() + result.retry_after
+            return
         self._held.clear()
         self._held_since = None
         if result.delivered:

@@ -143,6 +143,14 @@ class SendLimiter:
             deferred.quiet = True  # counted and logged here, not once per job
             raise deferred
 
+    async def space(self, chat_id: int | str) -> float:
+        """An alert's turn in ``chat_id``: 0.0 when its spacing allows a message now (taken),
+        else the seconds to wait (nothing taken). ``acquire(priority=True)`` skips the chat's
+        spacing; this keeps the alerts of every replica together to it (a group's 20 a minute)."""
+        wait = await self._db.fetch_val(Q.telegram_chat_space, {"chat": str(chat_id),
+                                                                "interval": self.interval(chat_id)})
+        return float(wait or 0.0)
+
     def waited(self, reason: str, text: str, job: Job | None = None) -> None:
         """Count one wait for ``reason`` and log it, at most one line a minute per reason."""
         if self.metrics is not None:

@@ -48,6 +48,8 @@ logger = logging.getLogger("autom.telegram")
 
 #: Telegram's limit on a button's callback data, in bytes (UTF-8)
 MAX_CALLBACK_DATA = 64
+#: how many turns of the alert chat ``alert`` waits for before it gives up
+ALERT_TURNS = 3
 #: the limiter's key for answers to button presses: the bot's budget, no chat's spacing
 CALLBACK_BUDGET = ":callbacks"
 
@@ -263,6 +265,11 @@ class TelegramClient:
             if first >= len(parts):
                 return {"message_id": last_id}
         if limiter is not None:
+            if priority:  # an alert: its chat's turn first (shared by every replica's alerts)
+                turn = await limiter.space(chat_id)
+                if turn:
+                    raise Defer(f"telegram: alert chat {chat_id} has its next turn in {turn:.2f}s (its send "
+                                "limit)", after=turn)
             await limiter.acquire(chat_id, parts=len(parts) - first, priority=priority,
                                   job=None if priority else job)
         # a keyboard belongs under the last part
@@ -327,11 +334,17 @@ class TelegramClient:
         """Send ``text`` to TELEGRAM_ALERT_CHAT_ID; True if it was delivered.
 
         Never raises (but ``trio.Cancelled`` passes): a failure is logged in one line and
-        reported as False. Bounded by the same total deadline as every call. Not
-        throttled (the watchdog's alerts are rare by construction; job failures go
-        through the outbox's throttle).
+        reported as False. Each try is bounded by the same total deadline as every call;
+        the alert chat's turn (its send limit, shared with the outbox's alerts) is waited
+        for, at most ``ALERT_TURNS`` times. Not throttled (the watchdog's alerts are rare
+        by construction; job failures go through the outbox's throttle).
         """
-        return (await self.deliver_alert(text)).delivered
+        for _ in range(ALERT_TURNS):
+            result = await self.deliver_alert(text)
+            if not result.held:
+                return result.delivered
+            await trio.sleep(min(result.retry_after, self._deadline))  # the alert chat's turn
+        return False
 
     async def deliver_alert(self, text: str) -> AlertResult:
         """``alert``, also telling how long Telegram asked to wait (a 429's ``retry_after``)."""
@@ -346,6 +359,12 @@ class TelegramClient:
             return AlertResult(True)
         try:
             await self._send(self._alert_chat_id, text, {}, priority=True)  # alerts come first
+        except Defer as exc:
+            if not exc.refused:  # the chat's turn, or a pause: held, not failed
+                logger.debug("alert waits %.2fs for its chat's turn: %s", exc.after, one_line(text, 120))
+                return AlertResult(False, exc.after, one_line(str(exc), 200), held=True)
+            logger.warning("alert not delivered (%s): %s", one_line(str(exc)), one_line(text, 120))
+            return AlertResult(False, exc.after, one_line(str(exc), 200))
         except Exception as exc:  # an alert must never take its caller down with it
             reason = str(exc) if isinstance(exc, JobError) else str(classify_exception(exc, "telegram alert"))
             logger.warning("alert not delivered (%s): %s", one_line(reason), one_line(text, 120))
@@ -436,6 +455,9 @@ class AlertResult:
     retry_after: float = 0.0
     #: why it was not delivered, one line without secrets (``/health`` shows it)
     reason: str = ""
+    #: not sent because the alert chat's limit (or a pause) asks to wait ``retry_after``:
+    #: not a failure, the alert waits for its turn
+    held: bool = False
 
 
 class _RedactTokens(logging.Filter):

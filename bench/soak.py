@@ -103,7 +103,12 @@ GRACE_SECONDS = 1.0
 #: how long after PostgreSQL is back a 503 is still "while the database was down" (pool reconnect)
 RECONNECT_SLACK = 5.0
 
+#: Telegram's limits the replicas keep to (autom's defaults, set explicitly): the drain allowance
+CHAT_RATE = 1.0
+GLOBAL_RATE = 30.0
 PROCESS_SETTINGS = {
+    "TELEGRAM_CHAT_RATE": f"{CHAT_RATE:g}",
+    "TELEGRAM_GLOBAL_RATE": f"{GLOBAL_RATE:g}",
     "WORKERS": "4",
     "JOB_LEASE_SECONDS": f"{LEASE_SECONDS:g}",
     "HTTP_TIMEOUT_SECONDS": f"{HTTP_TIMEOUT:g}",
@@ -172,7 +177,7 @@ class Profile:
     pg_down_seconds: float
     pg_stall_at: float  # fraction of the run
     pg_stall_seconds: float  # longer than the lease
-    drain_timeout: float
+    drain_margin: float  # over the least time Telegram's limits allow the backlog (drain_allowance)
     progress_every: float
 
     @classmethod
@@ -186,9 +191,19 @@ class Profile:
             pg_down_seconds=2.0 if short else 3.0,
             pg_stall_at=0.7,
             pg_stall_seconds=LEASE_SECONDS + 2.0,
-            drain_timeout=30.0 if short else 120.0,
+            drain_margin=30.0 if short else 60.0,
             progress_every=10.0 if short else 30.0,
         )
+
+
+def drain_allowance(open_by_chat: dict[str, int], margin: float, *, chat_rate: float = CHAT_RATE,
+                    global_rate: float = GLOBAL_RATE) -> float:
+    """Seconds the backlog may take to drain once the sender stops: the least Telegram's limits
+    allow (every open job's message at the bot's global rate, and the busiest chat's at its chat
+    rate), a quarter more for the stub's refusals (429, 502, hangs and their retries), plus
+    ``margin`` (leases of killed replicas running out, the last retries)."""
+    least = max(sum(open_by_chat.values()) / global_rate, max(open_by_chat.values(), default=0) / chat_rate)
+    return 1.25 * least + margin
 
 
 # -- the faulty Telegram ----------------------------------------------------------------
@@ -514,8 +529,12 @@ class Soak:
             for slot in (0, 1):
                 if self.slots[slot] is None:
                     await self.start_slot(slot)
-            self.say("quiesce: waiting for the backlog to drain")
-            with trio.move_on_after(profile.drain_timeout) as drain:
+            backlog = await trio.to_thread.run_sync(open_by_chat, self.pg.dsn)
+            allowance = drain_allowance(backlog, profile.drain_margin)
+            self.quiesce["drain_allowance"] = allowance
+            self.say(f"quiesce: waiting for the backlog to drain ({sum(backlog.values())} open jobs in "
+                     f"{len(backlog)} chats: {allowance:.0f}s allowed)")
+            with trio.move_on_after(allowance) as drain:
                 while True:
                     if not (await trio.to_thread.run_sync(job_counts, self.pg.dsn)).get("open", 0):
                         break
@@ -574,6 +593,14 @@ def job_counts(dsn: str) -> dict[str, int]:
     return counts
 
 
+def open_by_chat(dsn: str) -> dict[str, int]:
+    """Open (pending or running) jobs by recipient chat (a job without one counts as a chat of its own)."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+        rows = conn.execute("select coalesce(recipient, 'job ' || id), count(*) from jobs"
+                            " where status in ('pending', 'running') group by 1").fetchall()
+    return {str(chat): int(n) for chat, n in rows}
+
+
 def unsent_alerts(dsn: str) -> int:
     """Rows of the alert outbox that no alert chat message has carried yet."""
     with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
@@ -630,7 +657,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _ALERT_JOB = re.compile(r"^autom: job (\d+) \(")
-_SUMMARY = re.compile(r"^(\d+) more alerts? suppressed")
+_SUMMARY = re.compile(r"^autom: (\d+) jobs? failed for good, too many at once")
 
 
 def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
@@ -740,7 +767,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     report.check("outcomes", not open_jobs and not soak.quiesce.get("drain_timed_out"),
                  "jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items()))
                  + f" (drained {soak.quiesce.get('drained', 0) - soak.quiesce.get('sender_stopped', 0):.1f}s "
-                   "after the sender stopped)",
+                   f"after the sender stopped, {soak.quiesce.get('drain_allowance', 0):.0f}s allowed by the limits)",
                  [f"job {j['id']} ({j['kind']}) is {j['status']} after {j['attempts']} attempts" for j in open_jobs])
 
     # ---- the audit: claims and endings per job -----------------------------------------------
@@ -984,6 +1011,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         "pg_restarts": len(pg_windows) - soak.pg_stalls,
         "pg_stalls": soak.pg_stalls,
         "claims": n_claims,
+        "claims_per_job": round(n_claims / max(1, len(jobs)), 2),
         "retries": retries,
         "retries_by_cause": dict(retry_causes.most_common()),
         "extra_runs_by_cause": dict(causes.most_common()),
@@ -1098,7 +1126,10 @@ async def soak_main(args: argparse.Namespace) -> Report:
                 try:
                     async with autom_processes(folder) as procs:
                         soak = Soak(pg, procs, stub, profile, args.seed)
-                        budget = profile.run_seconds + profile.drain_timeout + 120
+                        # the drain's allowance when nothing at all had been sent
+                        worst = drain_allowance({"all": int(profile.rate * profile.run_seconds)},
+                                                profile.drain_margin, chat_rate=GLOBAL_RATE)
+                        budget = profile.run_seconds + worst + ALERT_FLUSH_SECONDS + 120
                         try:
                             with trio.fail_after(budget):
                                 await soak.run()

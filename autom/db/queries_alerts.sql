@@ -57,11 +57,14 @@ delete from alerts where id in (
 
 -- name: alerts_health
 -- For /health and /metrics: unsent alerts, how many of them wait longer than
--- %(stale)s seconds, and the outcome of the last delivery anyone tried (a
+-- %(stale)s seconds, how many longer than %(held)s (held back) but not that long, and the outcome of the last delivery anyone tried (a
 -- service_state row, so every replica sees it, also an intake-only one).
 select (select count(*) from alerts where sent_at is null) as unsent,
        (select count(*) from alerts
          where sent_at is null and created_at < now() - make_interval(secs => %(stale)s)) as stale,
+       (select count(*) from alerts
+         where sent_at is null and created_at < now() - make_interval(secs => %(held)s)
+           and created_at >= now() - make_interval(secs => %(stale)s)) as held,
        (select value from service_state where name = 'alert_delivery') as delivery;
 
 -- name: alert_delivery_note

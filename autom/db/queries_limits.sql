@@ -13,6 +13,27 @@ from (select set_config('synchronous_commit', 'off', true)) sync,
      autom_telegram_take(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s, %(burst)s, %(priority)s,
                          %(job)s, %(line)s, %(line_kinds)s::text[], %(late)s) t;
 
+-- name: telegram_chat_space
+-- An alert's turn in its chat (alerts skip the spacing in telegram_acquire, and keep to
+-- it here, so that every replica's alerts together keep to a group's 20 a minute):
+-- 0 when the chat's spacing allows a message now (its next one then %(interval)s
+-- seconds later), else the seconds to wait (nothing taken). A concurrent take waits
+-- for this one's row lock and re-checks, so of two replicas one takes the turn.
+with now as (select clock_timestamp() as t),
+took as (
+    insert into telegram_chats as c (chat_id, next_send_at)
+    select %(chat)s, now.t + make_interval(secs => %(interval)s) from now
+    on conflict (chat_id) do update set next_send_at = excluded.next_send_at
+        where c.next_send_at <= (select t from now)
+    returning 1
+)
+-- Not taken and the chat looks free (or unknown) in this statement's snapshot: another
+-- replica took the turn just now (its commit came after the snapshot): a whole interval.
+select case when exists (select 1 from took) then 0
+            else coalesce((select extract(epoch from c.next_send_at - now.t)
+                             from telegram_chats c, now where c.chat_id = %(chat)s and c.next_send_at > now.t),
+                          %(interval)s) end;
+
 -- name: telegram_pushed
 -- A 429 for the chat: hold it for %(after)s seconds; true when all sends pause.
 select autom_telegram_pushed(%(chat)s, %(after)s, %(threshold)s, %(window)s);

@@ -6,9 +6,11 @@ kill cases with the real process are in tests/e2e/test_alert_outbox_kill.py.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import httpx
@@ -26,7 +28,8 @@ from tests.support.service import ALERT_CHAT, running_service, service_settings,
 from tests.support.telegram_stub import Reply, TelegramStub
 
 _NAMED = re.compile(r"^autom: job (\d+) \(")
-_SUMMARY = re.compile(r"^(\d+) more alerts? suppressed")
+_SUMMARY = re.compile(r"^autom: (\d+) jobs? failed for good, too many at once")
+_SUMMARY_IDS = re.compile(r": jobs? ([\d, ]+)(?:, … and \d+ more)?\. All of them")
 
 
 async def alert_rows(db: Any) -> list[dict[str, Any]]:
@@ -35,6 +38,17 @@ async def alert_rows(db: Any) -> list[dict[str, Any]]:
 
 def alert_texts(stub: TelegramStub) -> list[str]:
     return [str(m["text"]) for m in stub.messages(ALERT_CHAT)]
+
+
+def every_named(texts: list[str]) -> list[int]:
+    """Every job id the messages name: singles and the ids listed in summaries."""
+    named = [int(m.group(1)) for t in texts if (m := _NAMED.match(t))]
+    for text in texts:
+        if _SUMMARY.match(text):
+            listed = _SUMMARY_IDS.search(text)
+            assert listed is not None, text
+            named += [int(n) for n in listed.group(1).split(", ")]
+    return named
 
 
 def named_and_summarised(texts: list[str]) -> tuple[list[int], list[int]]:
@@ -105,27 +119,58 @@ async def test_an_alert_waits_out_a_telegram_outage_and_arrives_once(dsn: str, d
     assert (failed, sent) == (3, 1)
 
 
-async def test_a_burst_of_50_failures_is_5_alerts_and_one_summary(dsn: str, db: Any,
-                                                                   telegram_stub: TelegramStub) -> None:
+async def test_a_burst_of_50_failures_is_an_alert_and_a_summary_naming_the_rest(dsn: str, db: Any,
+                                                                                 telegram_stub: TelegramStub) -> None:
+    # the alert chat is a group (20 a minute, one every 3 s): the first failure goes alone,
+    # the rest wait for the chat's next turn and go out in one summary that names them
     ids = await JobStore(db).enqueue_many([NewJob("no.such.kind") for _ in range(45)] +
                                           [NewJob("other.kind") for _ in range(5)])
     async with running_service(service_settings(dsn, telegram_stub.url)):
         assert await wait_until(lambda: all_sent(db, 50), timeout=30)
         await trio.sleep(0.5)
-    named, summaries = named_and_summarised(alert_texts(telegram_stub))
-    assert len(named) == 5 and len(set(named)) == 5 and set(named) <= set(ids)
-    assert summaries == [45]
-    summary = next(t for t in alert_texts(telegram_stub) if _SUMMARY.match(t))
+    texts = alert_texts(telegram_stub)
+    named, summaries = named_and_summarised(texts)
+    assert len(named) + sum(summaries) == 50 and len(summaries) == 1 and len(texts) <= 3, texts
+    assert sorted(every_named(texts)) == sorted(ids)  # each failed job named once
+    summary = next(t for t in texts if _SUMMARY.match(t))
     kinds = {"no.such.kind": 45, "other.kind": 5}
     for kind in kinds:
-        kinds[kind] -= sum(1 for t in alert_texts(telegram_stub) if _NAMED.match(t) and f"({kind})" in t)
+        kinds[kind] -= sum(1 for t in texts if _NAMED.match(t) and f"({kind})" in t)
     for kind, count in kinds.items():
         if count:
             assert f"{kind}: {count}" in summary, summary
-    assert "`autom failed --limit 45`" in summary
+    assert "/ui/jobs?status=failed" in summary and f"`autom failed --limit {summaries[0]}`" in summary
+    calls = telegram_stub.calls_of("sendMessage", chat_id=ALERT_CHAT)
+    assert all(b.time - a.time >= 3 - 0.3 for a, b in itertools.pairwise(calls))  # a group's turns
     rows = await alert_rows(db)
     assert sorted(r["job_id"] for r in rows if r["sent_as"] == "single") == sorted(named)
-    assert sum(1 for r in rows if r["sent_as"] == "summary") == 45
+    assert sum(1 for r in rows if r["sent_as"] == "summary") == summaries[0]
+
+
+async def test_60_failures_within_a_minute_reach_a_group_in_at_most_20_messages_naming_all(
+    dsn: str, db: Any, telegram_stub: TelegramStub
+) -> None:
+    """Two replicas fail 60 jobs in three waves within a minute; their alerts together keep
+    to the group's 20 messages a minute (one every 3 s) and name every job."""
+    settings = service_settings(dsn, telegram_stub.url)
+    ids: list[int] = []
+    async with running_service(settings) as one, running_service(settings) as two:
+        for wave, svc in enumerate((one, two, one)):
+            ids += await svc.deps.store.enqueue_many([NewJob(f"wave{wave}.kind") for _ in range(20)])
+            svc.deps.doorbell.set()
+            assert await wait_until(partial(_failed, db, len(ids)), timeout=20)
+            await trio.sleep(4)  # the next wave a turn of the alert chat later
+        assert await wait_until(lambda: all_sent(db, 60), timeout=120)
+    texts = alert_texts(telegram_stub)
+    assert len(texts) <= 20, texts
+    assert sorted(every_named(texts)) == sorted(ids)  # every failed job named, once
+    calls = telegram_stub.calls_of("sendMessage", chat_id=ALERT_CHAT)
+    assert all(b.time - a.time >= 3 - 0.3 for a, b in itertools.pairwise(calls)), \
+        [round(b.time - a.time, 2) for a, b in itertools.pairwise(calls)]
+
+
+async def _failed(db: Any, count: int) -> bool:
+    return int(await db.fetch_val("select count(*) from jobs where status = 'failed'")) >= count
 
 
 async def test_two_replicas_send_each_alert_once(dsn: str, db: Any, telegram_stub: TelegramStub) -> None:
@@ -155,9 +200,10 @@ async def test_a_burst_during_a_telegram_outage_arrives_after_it_throttled(dsn: 
     async with running_service(service_settings(dsn, telegram_stub.url)):
         assert await wait_until(lambda: all_sent(db, 20), timeout=30)
         await trio.sleep(0.5)
-    named, summaries = named_and_summarised(alert_texts(telegram_stub)[3:])  # after the three 502s
-    assert len(named) == 5 and len(set(named)) == 5 and set(named) <= set(ids)
-    assert summaries == [15]
+    texts = alert_texts(telegram_stub)[3:]  # after the three 502s
+    _named, summaries = named_and_summarised(texts)
+    assert len(summaries) == 1 and len(texts) <= 3, texts
+    assert sorted(every_named(texts)) == sorted(ids)
 
 
 @pytest.fixture

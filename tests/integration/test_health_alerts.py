@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from autom.alerts import STALE_SECONDS
+from autom.alerts import HELD_SECONDS, STALE_SECONDS
 from tests.support.http_app import running_app
 from tests.support.service import ALERT_CHAT, running_service, service_settings, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
@@ -71,3 +71,17 @@ async def test_alerts_waiting_longer_than_a_few_minutes_make_it_degraded_and_are
         assert body is not None and body["database"] == "ok"
         assert body["alerts"] == {"unsent": 2, "problems": ["1 alert(s) unsent for over 5 minutes"]}
         assert unsent_metric((await app.client.get("/metrics")).text) == 2
+
+
+async def test_alerts_held_back_past_a_few_seconds_make_it_degraded_until_they_are_sent(db):
+    async with running_app(db) as app:
+        await db.execute(
+            "insert into alerts (job_id, kind, attempts, error, created_at) "
+            "values (3, 'x.kind', 1, 'held', now() - make_interval(secs => %s))", [HELD_SECONDS + 5])
+        body = await health_status(app.client, "degraded")
+        assert body is not None and body["alerts"]["unsent"] == 1
+        [problem] = body["alerts"]["problems"]
+        assert problem.startswith("1 alert(s) held back for over 15 s (the alert chat's limit or the throttle)")
+        assert "/ui/jobs?status=failed" in problem
+        await db.execute("update alerts set sent_at = now(), sent_as = 'summary'")
+        assert (await health_status(app.client, "ok"))["alerts"] == {"unsent": 0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from autom.errors import Defer
 from autom.limits import SendLimiter
@@ -226,3 +227,20 @@ async def test_a_429_moves_the_chats_reserved_slots_and_their_jobs_past_its_retr
                              "extract(epoch from j.run_at - now()) as run_in from telegram_reservations r "
                              "join jobs j on j.id = r.job_id")
     assert row is not None and 4.5 < row["slot_in"] <= 5.0 and 4.5 < row["run_in"] <= 5.1
+
+
+async def test_alerts_of_every_replica_take_turns_in_their_chats_spacing(db: Any) -> None:
+    first = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+    second = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+
+    async def turn(limiter: SendLimiter, into: list[float]) -> None:
+        into.append(await limiter.space(-1000))
+
+    for _ in range(5):  # both at once, on a chat row that does not exist yet the first time
+        await db.execute("delete from telegram_chats")
+        waits: list[float] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn, first, waits)
+            nursery.start_soon(turn, second, waits)
+        assert sorted(waits)[0] == 0 and 2.5 < sorted(waits)[1] <= 3.0, waits  # a group: one every 3 s
+    assert 2.5 < await first.space(-1000) <= 3.0

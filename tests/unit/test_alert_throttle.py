@@ -6,7 +6,7 @@ tests/integration/test_alert_outbox.py.
 
 from __future__ import annotations
 
-from collections import Counter
+import re
 
 import pytest
 
@@ -59,14 +59,30 @@ def test_job_failed_text_names_id_kind_attempts_and_error() -> None:
     )
 
 
-def test_summary_says_how_many_of_which_kinds_and_how_to_list_them() -> None:
-    text = summary_text(Counter({"telegram.message": 40, "site.form": 5}))
-    assert text == ("45 more alerts suppressed (too many at once): 45 jobs failed for good "
-                    "(telegram.message: 40, site.form: 5); list them with `autom failed --limit 45`")
-    small = summary_text(Counter({"github.event": 2}))
-    assert small.startswith("2 more alerts suppressed") and "`autom failed --limit 20`" in small
-    many = summary_text(Counter({f"kind.{n}": n + 1 for n in range(15)}))
+def _rows(kinds: dict[str, int], first: int = 1) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for kind, n in kinds.items():
+        rows += [{"job_id": first + len(rows) + i, "kind": kind} for i in range(n)]
+    return rows
+
+
+def test_summary_says_how_many_of_which_kinds_names_them_and_where_to_see_them() -> None:
+    text = summary_text(_rows({"telegram.message": 40, "site.form": 5}))
+    assert text.startswith("autom: 45 jobs failed for good, too many at once for one alert each "
+                           "(telegram.message: 40, site.form: 5): jobs 1, 2, 3, ")
+    assert text.endswith(", 44, 45. All of them: the console's /ui/jobs?status=failed (or `autom failed --limit 45`)")
+    small = summary_text(_rows({"github.event": 2}, first=7))
+    assert "jobs 7, 8. " in small and "`autom failed --limit 20`" in small
+    many = summary_text(_rows({f"kind.{n}": n + 1 for n in range(15)}))
     assert many.count("kind.") == 10 and ", …)" in many
+
+
+def test_a_summary_of_more_ids_than_fit_names_the_first_and_counts_the_rest() -> None:
+    text = summary_text(_rows({"k": 2000}, first=100000))
+    assert len(text) <= 3500
+    named = [int(n) for n in re.findall(r"\b1\d{5}\b", text)]
+    assert named == list(range(100000, 100000 + len(named))) and len(named) > 300
+    assert f"… and {2000 - len(named)} more. All of them: the console's /ui/jobs?status=failed" in text
 
 
 def test_bell_collects_ids_until_taken() -> None:
