@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -78,11 +78,32 @@ class BoundedHTTP(httpx.AsyncClient):
 
 
 class _JobLog(logging.LoggerAdapter[logging.Logger]):
-    """A logger that adds the job's id, kind and attempt to every line (and keeps the caller's extra)."""
+    """A logger that adds the job's id, kind and attempt to every line (and keeps the caller's extra);
+    with a run, each line at info or above (debug: when enabled) is kept with its attempt too
+    (``Run.log``), also when LOG_LEVEL leaves it out of the process's log."""
+
+    def __init__(self, logger: logging.Logger, extra: Mapping[str, object], run: Run | None) -> None:
+        super().__init__(logger, extra)
+        self._run = run
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
         return msg, kwargs
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        """Log as ``LoggerAdapter.log`` does, and keep the line with the run's attempt."""
+        run = self._run
+        if run is not None and (level >= logging.INFO or self.isEnabledFor(level)):
+            from autom.worker.tracebacks import RunLog
+
+            if run.log is None:
+                run.log = RunLog()
+            try:
+                text = str(msg) % args if args else str(msg)
+            except Exception:  # a bad format: logging reports it; keep the raw message
+                text = str(msg)
+            run.log.add(logging.getLevelName(level).lower(), text)
+        super().log(level, msg, *args, **kwargs)
 
 
 class Services:
@@ -179,10 +200,11 @@ class HandlerContext:
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
-        """A logger (``autom.handlers.<kind>``) whose lines carry the job's id, kind and attempt."""
+        """A logger (``autom.handlers.<kind>``) whose lines carry the job's id, kind and attempt; the
+        first lines it logs are kept with the attempt (``attempt_log[].log``: GET /admin/jobs/{id})."""
         job = self.job
         return _JobLog(logging.getLogger(f"autom.handlers.{job.kind}"),
-                       {"job_id": job.id, "kind": job.kind, "attempt": job.attempts})
+                       {"job_id": job.id, "kind": job.kind, "attempt": job.attempts}, self._state.run)
 
     @property
     def deadline(self) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 CONTEXT_FIELDS = (
     "event_id", "job_id", "kind", "attempt", "duration_ms", "source", "status", "recipient",
     "outcome", "error", "delay_s", "slot", "count", "worker", "method", "path", "remote", "role",
+    "traceback",
 )
 
 
@@ -46,11 +47,14 @@ class TextFormatter(logging.Formatter):
         """Render ``record`` as one readable line."""
         ts = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
         extras = " ".join(
-            f"{name}={record.__dict__[name]}" for name in CONTEXT_FIELDS if record.__dict__.get(name) is not None
+            f"{name}={record.__dict__[name]}" for name in CONTEXT_FIELDS
+            if name != "traceback" and record.__dict__.get(name) is not None
         )
         text = f"{ts} {record.levelname.lower():7} {record.name}: {record.getMessage()}"
         if extras:
             text += "  " + extras
+        if record.__dict__.get("traceback"):  # a failed run's, below its line (autom/worker/pool.py)
+            text += "\n" + str(record.__dict__["traceback"]).rstrip("\n")
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -285,7 +285,7 @@ with d as (
     -- more (bench/RESULTS.md, Speed round three)
     -- a done job keeps no last_error (its attempts keep theirs, job_attempts)
     update jobs set status = 'done', finished_at = now(), updated_at = now(), last_error = null,
-                    last_traceback = null
+                    last_traceback = null, run_log = null
      where id = any (%(ids)s::bigint[])
        and lease = (%(leases)s::bigint[])[array_position(%(ids)s::bigint[], id)]
        and status = 'running'
@@ -348,11 +348,11 @@ from line l, sync;
 with u as (
     select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[],
                          %(errors)s::text[], %(delays)s::float8[], %(refused)s::boolean[],
-                         %(unrun)s::boolean[])
-                   as u (id, lease, outcome, error, delay, refused, unrun)
+                         %(unrun)s::boolean[], %(tracebacks)s::text[], %(logs)s::text[])
+                   as u (id, lease, outcome, error, delay, refused, unrun, traceback, log)
 ),
 t as (
-    select u.id, u.lease, u.delay, u.refused, u.unrun,
+    select u.id, u.lease, u.delay, u.refused, u.unrun, u.traceback, u.log::jsonb as log,
            case when x.expired then 'expired' else u.outcome end as outcome,
            case when x.expired then format('deferred for more than %%s s (MAX_DEFER_SECONDS): %%s',
                                            %(max_defer)s::float8, u.error)
@@ -385,6 +385,9 @@ f as (
                                  else j.deferred_since end,
            finished_at = case when t.outcome in ('failed', 'expired', 'cancelled') then now()
                               else j.finished_at end,
+           -- the attempt's traceback and log (migrations/0028: the attempt triggers copy them)
+           last_traceback = case when t.outcome = 'deferred' then j.last_traceback else t.traceback end,
+           run_log = t.log,
            updated_at = now()
       from t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'
@@ -424,6 +427,14 @@ free as (
 ),
 wake as (select pg_notify('autom_jobs', '') from f where f.status = 'pending' and f.run_at <= now() limit 1)
 select f.id, f.status, f.run_at, f.last_error from f, (select count(*) from wake) w;
+
+-- name: save_run_logs
+-- The lines the handlers of claims just written done logged (ctx.log), kept on the job
+-- row (migrations/0028), after their "done" (which clears an earlier attempt's); a
+-- job claimed again since is left alone.
+update jobs j set run_log = u.log::jsonb
+  from unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(logs)s::text[]) as u (id, lease, log)
+ where j.id = u.id and j.lease = u.lease and j.status = 'done';
 
 -- name: renew_many
 -- Extend the leases this process holds; returns the claims still held (a missing

@@ -194,6 +194,10 @@ class Settle:
     #: failed without running (attempts exhausted, an at-most-once job lost): the claim's
     #: attempt is given back, so ``attempts`` stays the runs started
     unrun: bool = False
+    #: the traceback of an unexpected exception (autom/worker/tracebacks.py), kept with the attempt
+    traceback: str | None = None
+    #: the lines the handler logged through ``ctx.log``, kept with the attempt
+    log: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,10 +401,17 @@ class JobStore:
             "delays": [i.delay for i in items],
             "refused": [i.refused for i in items],
             "unrun": [i.unrun for i in items],
+            "tracebacks": [i.traceback for i in items],
+            "logs": [None if i.log is None else json.dumps(i.log) for i in items],
             "max_defer": self.max_defer_seconds,
         }
         rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)
         return {row["id"]: Settled(row["status"], row["run_at"], row["last_error"]) for row in rows}
+
+    async def save_run_logs(self, jobs: Sequence[Job], logs: Sequence[list[str]]) -> None:
+        """Keep the lines the handlers of these claims, just written done, logged (``ctx.log``) on
+        the job row (only runs that logged a line: the usual "done" writes nothing more)."""
+        await self.db.execute(Q.save_run_logs, {**_claims(jobs), "logs": [json.dumps(x) for x in logs]})
 
     async def complete_in(self, tx: Tx, job: Job) -> bool:
         """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at

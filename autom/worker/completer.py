@@ -89,6 +89,10 @@ class QueueStore(Protocol):
         """Write the other outcomes; {id: what it became} for the claims still held."""
         ...
 
+    async def save_run_logs(self, jobs: Sequence[Job], logs: Sequence[list[str]]) -> None:
+        """Keep the lines these claims' handlers logged (``ctx.log``) with their "done" attempt."""
+        ...
+
     async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
         """Extend the unexpired leases of these claims; {id: new end} for those still held."""
         ...
@@ -322,6 +326,9 @@ class Completer:
             else:
                 held, more = await self._store.complete_batch([o.run.job for o in group], starts=starts)
                 self._recorded(starts)
+            logged = [o.run for o in group if o.run.log is not None and o.run.job.id in held]
+            if logged:  # only runs whose handler used ctx.log: the usual "done" writes nothing more
+                await self._store.save_run_logs([r.job for r in logged], [r.log.lines for r in logged if r.log])
             for o in group:
                 self._hooks.written(o, _DONE if o.run.job.id in held else None)
             return more

@@ -41,6 +41,7 @@ of it before the pool returns (bounded).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -52,13 +53,14 @@ from autom.app import Registry
 from autom.bells import Doorbell
 from autom.context import RunState, Services, new_context
 from autom.deps import Deps
-from autom.errors import PermanentError, TransientError
+from autom.errors import JobError, PermanentError, TransientError
 from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.models import Job
 from autom.jobs.retry import describe
 from autom.jobs.store import Ahead, Settle, Settled
 from autom.worker.completer import CLEANUP_SECONDS, Completer, Outcome, QueueStore, Status, wall_delay
 from autom.worker.run import Run, lease_margin
+from autom.worker.tracebacks import traceback_text, user_frame
 
 log = logging.getLogger("autom.worker")
 
@@ -512,8 +514,10 @@ class WorkerPool:
                         await state.commit()
                 except Exception as exc:
                     settle = self.store.decide(job, exc, retry=spec.retry)
+                    if not isinstance(exc, JobError) or run.log is not None:
+                        settle = _with_details(settle, exc, run)
                     if spec.at_most_once and settle.outcome == "retry":
-                        settle = Settle(job, "failed", settle.error)  # never run twice
+                        settle = dataclasses.replace(settle, outcome="failed", delay=0.0)  # never run twice
                     outcome = Outcome(run, _status(settle), settle)
                 finally:
                     if state is not None and state.tx is not None and state.tx.opened:
@@ -649,6 +653,8 @@ class WorkerPool:
             # refused (Telegram's 429) for longer than MAX_DEFER_SECONDS: failed for good
             status, error = "failed", settled.error
         self.deps.metrics.job_attempts.labels(job.kind, status).inc()
+        if outcome.settle is not None and outcome.settle.traceback is not None:
+            context["traceback"] = outcome.settle.traceback  # a field of the JSON line
         if status == "failed":
             log.error("job failed for good: %s", error, extra=context)
             # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
@@ -687,6 +693,18 @@ class WorkerPool:
         """A flush freed a recipient whose next job may be due: the fetcher may claim it now."""
         if freed:
             self.deps.doorbell.set()
+
+
+def _with_details(settle: Settle, exc: Exception, run: Run) -> Settle:
+    """``settle`` with the run's ``ctx.log`` lines and, for an unexpected exception (not a
+    ``JobError``: ``PermanentError``, ``Retry``, an HTTP status through ``ctx.check``), its
+    traceback, and the innermost frame of the user's code after the error (``file.py:LINE in f``)."""
+    lines = run.log.lines if run.log is not None else None
+    if isinstance(exc, JobError):
+        return dataclasses.replace(settle, log=lines)
+    frame = user_frame(exc)
+    error = settle.error if frame is None or settle.error is None else f"{settle.error} (at {frame})"
+    return dataclasses.replace(settle, error=error, traceback=traceback_text(exc), log=lines)
 
 
 def _status(settle: Settle) -> Status:

@@ -31,6 +31,7 @@ from autom.errors import LeaseLost
 if TYPE_CHECKING:
     from autom.db.bridge import Tx
     from autom.jobs.models import Job
+    from autom.worker.tracebacks import RunLog
 
 State = Literal["queued", "running", "finishing", "written", "lost"]
 
@@ -53,8 +54,8 @@ class _Completes(Protocol):
 class Run:
     """One claim of ``job`` held by this process; see the module docstring."""
 
-    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "lost", "scope", "settled", "started", "state",
-                 "ticket")
+    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "log", "lost", "scope", "settled", "started",
+                 "state", "ticket")
 
     def __init__(self, job: Job, deadline: float, store: Any, *, confirmed: bool = True, ticket: int = 0) -> None:
         self.job = job
@@ -77,6 +78,8 @@ class Run:
         #: the claim is on disk: committed durably, or confirmed since (False: an
         #: asynchronous claim the pool's confirmer has not confirmed yet)
         self.confirmed = confirmed
+        #: the lines the handler logged through ``ctx.log`` (None until it logs one)
+        self.log: RunLog | None = None
 
     def expired(self) -> bool:
         """Whether the local deadline has passed (the lease may be running out in the database)."""
