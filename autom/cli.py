@@ -291,14 +291,14 @@ def cmd_recipient(args: argparse.Namespace) -> int:
 
     shown = visible(args.recipient, one_line=True)
     if args.action == "purge":
-        n = _run_ops(lambda ops: ops.purge_recipient(args.recipient))
+        n = _run_ops(lambda ops: ops.purge_recipient(args.recipient, via="cli"))
         print(f"recipient {shown}: {n} pending job(s) cancelled")
     elif args.action == "pause":
-        _run_ops(lambda ops: ops.pause_recipient(args.recipient))
+        _run_ops(lambda ops: ops.pause_recipient(args.recipient, via="cli"))
         print(f"recipient {shown} is paused: its jobs stay pending (every replica) until: "
               f"autom recipient resume {shown}")
     else:
-        changed = _run_ops(lambda ops: ops.resume_recipient(args.recipient))
+        changed = _run_ops(lambda ops: ops.resume_recipient(args.recipient, via="cli"))
         print(f"recipient {shown} {'is resumed: its jobs run again' if changed else 'was not paused'}")
     return 0
 

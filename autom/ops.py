@@ -464,17 +464,25 @@ class Operations:
             "next_before": min(jobs) if len(jobs) == limit else None,
         }
 
-    async def pause_recipient(self, recipient: str) -> None:
+    async def pause_recipient(self, recipient: str, *, via: Via | None = None) -> None:
         """Workers of every replica skip ``recipient``'s jobs (they stay pending) until it is resumed."""
         await self.db.fetch_one(Q.ops_recipient_pause, {"recipient": recipient})
+        if via is not None:
+            await self.record_action(via, "recipient_pause", f"recipient:{recipient}")
 
-    async def resume_recipient(self, recipient: str) -> bool:
+    async def resume_recipient(self, recipient: str, *, via: Via | None = None) -> bool:
         """``recipient``'s jobs are claimed again; False if it was not paused."""
-        return await self.db.fetch_one(Q.ops_recipient_resume, {"recipient": recipient}) is not None
+        resumed = await self.db.fetch_one(Q.ops_recipient_resume, {"recipient": recipient}) is not None
+        if via is not None:
+            await self.record_action(via, "recipient_resume", f"recipient:{recipient}", {"changed": resumed})
+        return resumed
 
-    async def purge_recipient(self, recipient: str) -> int:
+    async def purge_recipient(self, recipient: str, *, via: Via | None = None) -> int:
         """Every pending job of ``recipient`` ends ``cancelled`` (never runs, no alert); how many."""
-        return int(await self.db.fetch_val(Q.ops_recipient_purge, {"recipient": recipient}) or 0)
+        n = int(await self.db.fetch_val(Q.ops_recipient_purge, {"recipient": recipient}) or 0)
+        if via is not None:
+            await self.record_action(via, "recipient_purge", f"recipient:{recipient}", {"cancelled": n})
+        return n
 
     # -- events ----------------------------------------------------------------------------
 

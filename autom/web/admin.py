@@ -342,12 +342,12 @@ class Admin:
         async def act() -> dict[str, Any]:
             shown = visible(name, one_line=True)
             if action == "purge":
-                n = await self._ops.purge_recipient(name)
+                n = await self._ops.purge_recipient(name, via="api")
                 log.info("admin: recipient %s purged, %d pending job(s) cancelled", shown, n)
                 return {"cancelled": n}
             if action == "pause":
-                await self._ops.pause_recipient(name)
-            elif await self._ops.resume_recipient(name):
+                await self._ops.pause_recipient(name, via="api")
+            elif await self._ops.resume_recipient(name, via="api"):
                 self._deps.doorbell.set()
             log.info("admin: recipient %s %sd", shown, action)
             return await self._ops.recipient(name, limit=DEFAULT_LIMIT)

@@ -377,6 +377,10 @@ async def test_a_recipients_timeline_pause_resume_and_purge(app: RunningApp, db:
     later = [await store.enqueue(NewJob("site.form", {"n": n}, recipient="79")) for n in range(3)]
     purged = await app.client.post("/admin/recipients/79/purge", headers=AUTH)
     assert purged.json() == {"cancelled": 3}
+    actions = await db.fetch_all("select via, action, target from audit_log order by id")
+    assert [(a["via"], a["action"], a["target"]) for a in actions][-3:] == [
+        ("api", "recipient_pause", "recipient:77"), ("api", "recipient_resume", "recipient:77"),
+        ("api", "recipient_purge", "recipient:79")]
     statuses = [await db.fetch_val("select status from jobs where id = %s", [j]) for j in later]
     assert statuses == ["cancelled"] * 3
     assert (await app.client.get("/admin/recipients/79?limit=0", headers=AUTH)).status_code == 400

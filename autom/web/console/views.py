@@ -498,12 +498,14 @@ class Console:
         try:
             name = p.text("recipient", raw)
             if action == "purge":
-                told = f"purged:{await self._call(self._ops.purge_recipient(name))}"
+                purged = await self._call(self._ops.purge_recipient(name, via="console"))
+                told = f"purged:{purged}"
             elif action == "pause":
-                await self._call(self._ops.pause_recipient(name))
+                await self._call(self._ops.pause_recipient(name, via="console"))
                 told = "paused:"
             else:
-                told = "resumed:" if await self._call(self._ops.resume_recipient(name)) else "not-paused:"
+                resumed = await self._call(self._ops.resume_recipient(name, via="console"))
+                told = "resumed:" if resumed else "not-paused:"
                 self._deps.doorbell.set()
         except BadParameter as exc:
             return await self._error(400, str(exc))
