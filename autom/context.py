@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
+from autom import tracing
 from autom.checks import check as _check
 from autom.db.queries import Q
 from autom.errors import DatabaseUnavailable, LeaseLost, PermanentError, QueryError, TransientError
@@ -63,6 +64,7 @@ class BoundedHTTP(httpx.AsyncClient):
         kwargs.setdefault("timeout", httpx.Timeout(deadline))
         super().__init__(**kwargs)
         self.deadline = deadline
+        tracing.instrument_http(self)  # client spans, traceparent sent on (when tracing is on)
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         """Send ``request`` within ``deadline`` seconds in total."""
@@ -283,7 +285,7 @@ class HandlerContext:
         return await self._state.current_tx().enqueue(NewJob(
             kind, payload, key=None if key is None else key_text(key),
             recipient=None if recipient is None else str(recipient), run_at=run_at,
-            max_attempts=spec.max_attempts if max_attempts is None else max_attempts,
+            max_attempts=spec.max_attempts if max_attempts is None else max_attempts, trace=tracing.traceparent(),
         ))
 
     async def cancel(self, kind: str, key: str) -> bool:

@@ -621,7 +621,7 @@ def _handed_job(row: Row, lease_seconds: float | None = None) -> Job:
     return Job(id=int(row["id"]), kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
                max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
                recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"],
-               received_at=received_at)
+               received_at=received_at, trace=row.get("trace"))
 
 
 def _size(params: Mapping[str, Any]) -> int:

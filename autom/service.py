@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo
 import trio
 import trio_util
 
+from autom import tracing
 from autom.alerts import AlertSender
 from autom.app import App, Registry
 from autom.config import Settings
@@ -121,6 +122,7 @@ async def run_service(
     built-in one); it is validated before the database is opened. ``handlers`` /
     ``schedules`` replace the App's whole set (tests and benches).
     """
+    tracing.setup()  # OpenTelemetry, if the otel extra and OTEL_* ask for it (autom/tracing.py)
     control = control or Control()
     control.grace = settings.shutdown_grace_seconds
     assert settings.database_url, "DATABASE_URL is checked by the CLI"

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
+from autom import tracing
 from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
 from autom.errors import ChatBlocked, ConfigError, Defer, JobError, LeaseLost, PermanentError, Retry, TransientError
@@ -98,6 +99,7 @@ class TelegramClient:
         self._http = http
         if self._owns_http:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
+            tracing.instrument_http(self._http, secret=self._token)
         #: Telegram's send limits shared by every replica (autom/limits.py); the service sets it
         self.limiter: SendLimiter | None = None
         if self._token:

@@ -189,7 +189,7 @@ claimed as (
            claimed_at = now()
      where j.id = any ((select ids from p)::bigint[]) and (j.due_at <= now()) is true
     returning j.id, j.kind, j.payload, j.attempts, j.max_attempts, j.lease, j.locked_until,
-              j.recipient, j.key, j.event_id, j.run_at, j.start_ticket
+              j.recipient, j.key, j.event_id, j.run_at, j.trace, j.start_ticket
 ),
 mark as (
     update recipients r
@@ -458,7 +458,7 @@ select r.id, r.locked_until from r;
 
 -- name: get_job
 select id, kind, payload, status, attempts, max_attempts, run_at, locked_until, last_error, key,
-       event_id, recipient, lease, created_at, updated_at, finished_at,
+       event_id, recipient, lease, created_at, updated_at, finished_at, trace,
        (select e.received_at from events e where e.id = jobs.event_id) as received_at
 from jobs where id = %(id)s;
 

@@ -34,6 +34,8 @@ class NewJob:
     run_at: datetime | None = None
     max_attempts: int | None = None
     event_id: int | None = None
+    #: the W3C traceparent its attempts' spans continue (autom/tracing.py); None: untraced
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Job:
     run_at: datetime | None = None
     #: when the job's event arrived (``events.received_at``); None for a job without an event
     received_at: datetime | None = None
+    #: the W3C traceparent stored with the job (autom/tracing.py), None when untraced
+    trace: str | None = None
 
     @property
     def generation(self) -> int:

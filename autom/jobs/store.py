@@ -102,6 +102,7 @@ def jobs_json(jobs: Sequence[NewJob]) -> str:
                 "run_at": None if j.run_at is None else j.run_at.isoformat(),
                 "max_attempts": j.max_attempts,
                 "event_id": j.event_id,
+                "trace": j.trace,
             }
             for j in jobs
         ],

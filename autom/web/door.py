@@ -38,6 +38,7 @@ from typing import Any
 
 import trio
 
+from autom import tracing
 from autom.admission import BODY_DEADLINE_SECONDS, Admission, client_key, retry_after
 from autom.errors import VerificationError
 from autom.sources.base import Source
@@ -128,7 +129,9 @@ class Door:
         if self.intake is None:
             await self.app(scope, _Replay(body, receive), _watch_failures(send, adm, client))
             return
-        found = await self._deliver(source, headers, body, receive)
+        with tracing.delivery(source.name, headers) as traced:
+            found = await self._deliver(source, headers, body, receive)
+            traced.answered(None if found is None else found.status)
         if found is None:
             return  # the client left: nobody to answer
         if found.status in (401, 404):

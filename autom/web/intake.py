@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import trio
 from quart import Blueprint, Response
 
+from autom import tracing
 from autom.admission import Admission
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
@@ -159,6 +160,7 @@ class Intake:
             )
 
         dedup_key, jobs, parse_error = await self._parse(src, headers, body, text)
+        jobs = tracing.stamped(jobs)  # the delivery's span, stored with its jobs
         stored = {k: v for k, v in headers.items() if k not in src.secret_headers and k not in ALWAYS_SECRET_HEADERS}
         try:
             # the recipient's count may wait for the database too: bounded by the deadline

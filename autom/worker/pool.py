@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from autom import tracing
 from autom.app import Registry
 from autom.bells import Doorbell
 from autom.context import RunState, Services, new_context
@@ -502,6 +503,7 @@ class WorkerPool:
                     await self._at_most_once_ready(run)
                 # in the runner's scope (run.scope): the deadline watch or a lost claim cancels it
                 try:
+                    traced = tracing.job_started(job)  # its span, current while the handler runs
                     called = True
                     # inline, not a helper coroutine: this is every job's path
                     result = await (fn(ctx, job) if spec.timeout is None else self._timed(spec, ctx, job))
@@ -520,6 +522,7 @@ class WorkerPool:
                         settle = dataclasses.replace(settle, outcome="failed", delay=0.0)  # never run twice
                     outcome = Outcome(run, _status(settle), settle)
                 finally:
+                    tracing.job_ended(traced, outcome)
                     if state is not None and state.tx is not None and state.tx.opened:
                         # it raised, timed out or was cancelled: nothing it wrote may commit
                         with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):

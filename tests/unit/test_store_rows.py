@@ -15,7 +15,7 @@ def _row(i: int) -> dict[str, object]:
     now = datetime.now(UTC)
     return {"id": i, "kind": "k", "payload": {"i": i}, "attempts": 1, "max_attempts": 8, "lease": 3,
             "locked_until": now, "recipient": None if i % 2 else f"r{i}", "key": None, "event_id": 7,
-            "run_at": now, "received_at": now}
+            "run_at": now, "received_at": now, "trace": None}
 
 
 def test_claimed_rows_become_jobs_equal_to_the_constructor_s() -> None:
