@@ -553,6 +553,8 @@ class Operations:
         return {
             "queue_lag_seconds": float(lag[0]["lag"] or 0.0) if lag else 0.0,
             "unsent_alerts": int(alerts[0]["count"]) if alerts else 0,
+            # the oldest unsent alert: its job, failed tries and next try (None when none waits)
+            "oldest_unsent": alerts[0] if alerts and alerts[0]["job_id"] is not None else None,
             "last_heartbeat": beat[0]["updated_at"] if beat else None,
         }
 

@@ -259,7 +259,13 @@ order by n desc, kind
 limit 50;
 
 -- name: ops_unsent_alerts
-select count(*) from alerts where sent_at is null;
+-- How many alerts wait (alerts_unsent), and the oldest of them: its job, how often
+-- sending it failed, when it is tried next (the overview's card says why they wait).
+select (select count(*) from alerts where sent_at is null) as count, o.job_id, o.kind, o.tries, o.next_try_at,
+       o.created_at
+from (select 1) one
+left join lateral (select job_id, kind, tries, next_try_at, created_at from alerts
+                   where sent_at is null order by id limit 1) o on true;
 
 -- name: ops_heartbeat
 select updated_at from service_state where name = 'heartbeat';

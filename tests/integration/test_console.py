@@ -605,3 +605,13 @@ async def test_a_recipients_page_links_timeline_pause_and_purge(app: RunningApp,
         assert await db.fetch_val("select status from jobs where id = %s", [pending]) == "cancelled"
         odd = (await client.get("/ui/recipients/a%3Fb%23c")).text
         assert "Recipient a?b#c" in odd and 'action="/ui/recipients/a%3Fb%23c/pause"' in odd
+
+
+async def test_the_unsent_alerts_card_says_why_and_links_the_alerts_job(app: RunningApp, db: Any) -> None:
+    job = await insert_job(db, kind="k.a", status="failed")
+    await db.execute("insert into alerts (job_id, kind, attempts, error, tries) values (%s, 'k.a', 8, 'boom', 3)",
+                     [job])
+    async with logged_in(app) as (client, _):
+        page = (await client.get("/ui/")).text
+        card = page.split("<h2>Unsent alerts</h2>", 1)[1].split("</div>", 1)[0]
+        assert f'href="/ui/jobs/{job}"' in card and "failed 3 time(s)" in card
