@@ -27,7 +27,7 @@ from tests.support.service import ADMIN_TOKEN
 TOKEN = ADMIN_TOKEN
 
 #: every console page (GET) and action (POST); {job}/{event} filled in per test
-PAGES = ["/ui/", "/ui/jobs", "/ui/jobs/{job}", "/ui/events", "/ui/events/{event}", "/ui/retry-failed"]
+PAGES = ["/ui/", "/ui/jobs", "/ui/jobs/{job}", "/ui/events", "/ui/events/{event}", "/ui/retry-failed", "/ui/audit"]
 ACTIONS = ["/ui/jobs/{job}/retry", "/ui/jobs/{job}/cancel", "/ui/events/{event}/replay", "/ui/retry-failed",
            "/ui/kinds/pause", "/ui/kinds/resume", "/ui/logout"]
 

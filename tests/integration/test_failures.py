@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import re
 from typing import Any
 
 import httpx
@@ -147,3 +148,24 @@ async def test_an_expected_error_keeps_its_one_line(db: Any) -> None:
     await store.fail(claimed, PermanentError("telegram sendMessage: HTTP 400 Bad Request: chat not found"))
     (attempt,) = (await Operations(db).get_job(job_id))["attempt_log"]
     assert attempt["traceback"] is None and attempt["log"] is None
+
+
+async def test_console_login_retry_and_logout_are_on_the_audit_page(app: RunningApp, db: Any) -> None:
+    store = JobStore(db)
+    job_id = await store.enqueue(NewJob("site.form", {"n": 1}, max_attempts=1))
+    claimed = await claim_one(store)
+    assert claimed is not None
+    await store.fail(claimed, "RuntimeError: no")
+    async with httpx.AsyncClient(base_url=app.url, timeout=10.0) as browser:
+        assert (await browser.post("/ui/login", data={"token": ADMIN_TOKEN})).status_code == 303
+        page = (await browser.get(f"/ui/jobs/{job_id}")).text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert csrf is not None
+        retried = await browser.post(f"/ui/jobs/{job_id}/retry", data={"csrf": csrf.group(1)})
+        assert retried.status_code == 303, retried.text
+        audit = (await browser.get("/ui/audit")).text
+        assert f'href="/ui/jobs/{job_id}">job:{job_id}</a>' in audit and "login" in audit
+        assert (await browser.post("/ui/logout", data={"csrf": csrf.group(1)})).status_code == 303
+    actions = [(a["via"], a["action"], a["target"]) for a in await Operations(db).audit(10)]
+    assert actions == [("console", "logout", None), ("console", "retry", f"job:{job_id}"),
+                       ("console", "login", None)]

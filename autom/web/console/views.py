@@ -133,6 +133,7 @@ def console_blueprint(deps: Deps) -> Blueprint:
         ("/jobs/<job_id>/cancel", "cancel", console.cancel, ["POST"]),
         ("/jobs/<job_id>/reschedule", "reschedule", console.reschedule, ["POST"]),
         ("/events", "events", console.events, ["GET"]),
+        ("/audit", "audit", console.audit, ["GET"]),
         ("/events/<event_id>", "event", console.event, ["GET"]),
         ("/events/<event_id>/replay", "replay", console.replay, ["POST"]),
         ("/retry-failed", "retry_failed", console.retry_failed_page, ["GET"]),
@@ -243,6 +244,7 @@ class Console:
             return await self._render("login.html", 401, next=nxt, disabled=False,
                                       error="That is not the ADMIN_TOKEN.")
         log.info("console: login from %s", visible(client, one_line=True))
+        await self._note("login")
         response = _redirect(nxt or "/ui/", 303)
         response.set_cookie(COOKIE, self._sessions.issue(self._clock()), max_age=int(self._sessions.lifetime),
                             path="/ui/", secure=_https(), httponly=True, samesite="Strict")
@@ -260,6 +262,7 @@ class Console:
         except (DatabaseUnavailable, QueryError) as exc:
             return await self._error(503, f"Not logged out: {_db_message(exc)}")
         log.info("console: logout")
+        await self._note("logout")
         response = _redirect("/ui/login", 303)
         response.delete_cookie(COOKIE, path="/ui/", secure=_https(), httponly=True, samesite="Strict")
         return response
@@ -376,6 +379,25 @@ class Console:
         self._deps.doorbell.set()
         log.info("console: job %d rescheduled", ident, extra={"job_id": ident})
         return _redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "rescheduled"), 303)
+
+    async def _note(self, action: str) -> None:
+        """Record a login or logout in the audit trail; a database away does not stop either."""
+        try:
+            await self._ops.record_action("console", action)
+        except (DatabaseUnavailable, QueryError) as exc:
+            log.warning("console: %s not recorded in the audit trail: %s", action, _db_message(exc))
+
+    async def audit(self) -> Response | str:
+        """``GET /ui/audit``: the operator actions, newest first (``?limit=``)."""
+        try:
+            q = p.parse_query(request.args.items(multi=True), {"limit": p.limit(MAX_PAGE)})
+        except BadParameter as exc:
+            return await self._render("audit.html", 400, actions=[], error=str(exc))
+        try:
+            actions = await self._ops.audit(q["limit"] or PAGE)
+        except (DatabaseUnavailable, QueryError) as exc:
+            return await self._render("audit.html", 503, actions=[], error=_db_message(exc))
+        return await self._render("audit.html", actions=actions, error=None)
 
     async def events(self) -> Response | str:
         """``GET /ui/events``: by source and time, newest first, keyset pages."""
