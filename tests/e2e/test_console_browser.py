@@ -330,3 +330,26 @@ async def test_wrong_logins_from_many_addresses_do_not_stop_the_right_token(
         await browser.login()
         await browser.follow("Failed")
         assert (await browser.path()) == "/ui/jobs?status=failed"
+
+
+async def test_pause_and_purge_a_recipient_and_reschedule_a_job(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    async with console(driver, dsn, telegram_stub) as (browser, _client, _):
+        job_id = await db.fetch_val(
+            "insert into jobs (kind, payload, recipient, run_at) values ('site.form', '{\"n\": 1}', '4242', "
+            "now() + interval '1 day') returning id")
+        await browser.login()
+        await browser.open(f"/ui/jobs/{job_id}")
+        await browser.follow("4242")  # the recipient's page, from the job's
+        await browser.wait_for_text("Recipient 4242")
+        await browser.press("Pause")
+        await browser.wait_for_text("Paused: its jobs stay pending")
+        await browser.open(f"/ui/jobs/{job_id}")
+        await browser.press("Reschedule")  # the field says "now"; the paused recipient keeps it pending
+        await browser.wait_for_text("Rescheduled")
+        assert await db.fetch_val("select status = 'pending' and run_at <= now() from jobs where id = %s", [job_id])
+        await browser.open("/ui/recipients/4242")
+        await browser.press("Purge")
+        await browser.wait_for_text("Purged: 1 pending job(s) cancelled.")
+        assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"
