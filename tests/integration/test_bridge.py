@@ -56,10 +56,11 @@ async def admin_fetch(dsn: str, query: str, params: Any = None) -> list[tuple[An
 
 
 async def terminate_backends(dsn: str, application_name: str) -> int:
-    """pg_terminate_backend every connection named ``application_name``; how many there were."""
+    """pg_terminate_backend every connection named ``application_name`` and wait (up to 5 s each)
+    until it is gone, so its socket already says so; how many there were."""
     rows = await admin_fetch(
         dsn,
-        "select pg_terminate_backend(pid) from pg_stat_activity"
+        "select pg_terminate_backend(pid, 5000) from pg_stat_activity"
         " where application_name = %s and pid <> pg_backend_pid()",
         [application_name],
     )

@@ -169,8 +169,10 @@ def test_the_migration_keeps_the_jobs_and_makes_keys_per_kind(empty_dsn: str) ->
         [(made,)] = conn.execute(
             """select autom_enqueue('[{"kind": "orders.mail", "key": "orders.digest:1"}]'::jsonb)""").fetchall()
         params = store_params("site", {}, "{}", "d1", [NewJob("crm.call", key="lead:1")])
-        handed = conn.execute(Q.intake_store_handoff, {**params, "lease_seconds": 60.0}).fetchone()
-        assert handed is not None and handed[1] == 1
+        cursor = conn.execute(Q.intake_store_handoff, {"until": None, **params, "lease_seconds": 60.0})
+        handed = cursor.fetchone()
+        assert cursor.description is not None and handed is not None
+        assert dict(zip([c.name for c in cursor.description], handed, strict=True))["jobs_created"] == 1
         assert conn.execute("select kind, key from jobs where id > %s order by id", [made - 1]).fetchall() == [
             ("orders.mail", "orders.digest:1"), ("crm.call", "lead:1")]
 
