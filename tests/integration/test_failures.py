@@ -138,6 +138,8 @@ async def test_a_handlers_key_error_shows_its_file_and_line_everywhere(dsn: str,
     assert json.loads(as_json.stdout)["attempt_log"][0]["log"][0] == "info looking at issue 7"
     failed = await trio.to_thread.run_sync(lambda: run_autom("failed", env=env, cwd=tmp_path))
     assert where in failed.stdout
+    # the Telegram alert's text (autom/alerts.py) is made of the stored error
+    assert where in await db.fetch_val("select error from alerts where job_id = %s", [job_id])
 
 
 async def test_an_expected_error_keeps_its_one_line(db: Any) -> None:
