@@ -62,7 +62,7 @@ RETRY_FILTER = {"kind": p.text, "recipient": p.text, "since": p.when, "event_id"
 #: what a redirect after an action may tell the page it lands on (never free text)
 NOTICES = {
     "retried": "Put back in the queue: it runs as soon as a worker is free.",
-    "cancelled": "Cancelled: it will not run (a running handler is stopped within about a second).",
+    "cancelled": "Cancelled: it will not run. A running handler is stopped within about a second.",
     "rescheduled": "Rescheduled: it runs not before its new run time.",
 }
 #: ... on a recipient's page after its actions ("purged:N")
