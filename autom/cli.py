@@ -194,7 +194,7 @@ def cmd_job(args: argparse.Namespace) -> int:
                  "created_at", "finished_at", "last_error"):
         print(f"{name + ':':<14}{visible(str(job.get(name)), one_line=True)}")
     for a in job["attempt_log"]:
-        print(f"\nattempt {a['attempt']}: {a['outcome']}  {_when(a, 'started_at')} .. {_when(a, 'ended_at')}")
+        print(f"\nattempt {a['attempt']}: {a['outcome']}  {_when(a, 'started')} .. {_when(a, 'ended')}")
         if a.get("error"):
             print("  error: " + visible(str(a["error"]), one_line=True))
         if a.get("traceback"):

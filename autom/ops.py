@@ -98,6 +98,15 @@ def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
+def _attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``attempt_log`` entry: CONTRACT's ``started``/``ended``, and the same times as
+    ``started_at``/``ended_at``, the names the API gave them before (deprecated, kept for
+    clients written against them)."""
+    entry = job_json(row)
+    entry["started_at"], entry["ended_at"] = entry["started"], entry["ended"]
+    return entry
+
+
 # "PermanentError: telegram sendMessage: HTTP 400 Bad Request: chat not found"
 # (autom.checks.check, through autom.jobs.retry.describe); telegram.py adds "ok=false".
 _WRAPPED = re.compile(r"^(?P<wrapper>\w+: .+?: HTTP \d{3})(?: ok=false)? (?P<description>.+)$")
@@ -280,14 +289,14 @@ class Operations:
         row = await self.db.fetch_one(Q.ops_get_job, {"id": job_id})
         if row is None:
             raise NotFound(f"no job with id {job_id}")
-        log = [job_json(a) for a in await self.db.fetch_all(Q.ops_job_attempts, {"id": job_id})]
+        log = [_attempt_json(a) for a in await self.db.fetch_all(Q.ops_job_attempts, {"id": job_id})]
         claimed = row.pop("claimed_at")
         run_log = row.pop("run_log", None)
         row.pop("last_traceback", None)
         if row["status"] in ("running", "done") and row["attempts"] > 0:
-            log.append(job_json({
-                "attempt": len(log) + 1, "started_at": claimed,
-                "ended_at": row["finished_at"] if row["status"] == "done" else None,
+            log.append(_attempt_json({
+                "attempt": len(log) + 1, "started": claimed,
+                "ended": row["finished_at"] if row["status"] == "done" else None,
                 "outcome": row["status"], "error": None, "traceback": None,
                 "log": run_log if row["status"] == "done" else None,
             }))

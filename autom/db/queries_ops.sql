@@ -63,7 +63,8 @@ from jobs where id = any (%(ids)s::bigint[]) order by id limit 500;
 -- name: ops_job_attempts
 -- The attempts of a job that did not end done, oldest first (migrations/0008, 0028),
 -- numbered on across manual retries (a retry resets jobs.attempts, not this count).
-select row_number() over (order by id) as attempt, started_at, ended_at, outcome, error, traceback, log
+select row_number() over (order by id) as attempt, started_at as started, ended_at as ended, outcome, error,
+       traceback, log
 from job_attempts where job_id = %(id)s order by id
 limit 1000;
 

@@ -220,9 +220,11 @@ async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: Runni
     assert job is not None and job.attempts == 3
     running = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
     assert [(a["attempt"], a["outcome"]) for a in running] == [(1, "retry"), (2, "lease_expired"), (3, "running")]
-    assert running[-1]["ended_at"] is None and running[-1]["started_at"] is not None
+    assert running[-1]["ended"] is None and running[-1]["started"] is not None
     assert running[0]["error"] == "TransientError: HTTP 502"
-    assert all(a["started_at"] and a["started_at"] <= (a["ended_at"] or "9") for a in running)
+    assert all(a["started"] and a["started"] <= (a["ended"] or "9") for a in running)
+    # CONTRACT's names; the old ones stay as deprecated aliases of the same times
+    assert all((a["started_at"], a["ended_at"]) == (a["started"], a["ended"]) for a in running)
     await store.fail(job, PermanentError("HTTP 400 nope"))
     log = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
     assert [(a["attempt"], a["outcome"], a["error"]) for a in log][-1] == (3, "failed", "PermanentError: HTTP 400 nope")
@@ -247,7 +249,7 @@ async def test_attempt_log_of_a_job_that_failed_once_then_ran(dsn: str, db: Any,
         log = (await client.get(f"/admin/jobs/{job_id}")).json()["attempt_log"]
         assert [(a["attempt"], a["outcome"]) for a in log] == [(1, "retry"), (2, "done")]
         assert "502" in log[0]["error"]
-        assert log[1]["ended_at"] is not None and log[1]["error"] is None
+        assert log[1]["ended"] is not None and log[1]["error"] is None
 
 
 async def test_pausing_a_kind_no_handler_serves_is_404_naming_it(app: RunningApp, db: Any) -> None:
