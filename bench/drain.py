@@ -497,7 +497,16 @@ def index_reads(dsn: str) -> dict[str, int]:
         conn.execute("select pg_stat_clear_snapshot()")
         rows = conn.execute("select indexrelname, idx_scan, idx_tup_read from pg_stat_user_indexes"
                             " where indexrelname in ('jobs_due_free', 'jobs_due_all')").fetchall()
-    return {f"{k}_{name}": int(v) for name, scans, reads in rows for k, v in (("scans", scans), ("reads", reads))}
+        # the database's transactions and the row writes per table: counts, not times, so a
+        # loaded machine does not blur them (two versions' drains compare statement for statement)
+        xacts = conn.execute("select xact_commit + xact_rollback from pg_stat_database"
+                             " where datname = current_database()").fetchone()
+        writes = conn.execute("select relname, n_tup_ins + n_tup_upd + n_tup_del from pg_stat_user_tables"
+                              " where relname in ('jobs', 'recipients', 'worker_starts', 'job_attempts')").fetchall()
+    counts = {f"{k}_{name}": int(v) for name, scans, reads in rows for k, v in (("scans", scans), ("reads", reads))}
+    counts["xacts"] = int(xacts[0]) if xacts else 0
+    counts.update({f"writes_{name}": int(n) for name, n in writes})
+    return counts
 
 
 def variant_groups(variant: str, n: int) -> tuple[str, list[tuple[int, Any]]]:
@@ -568,7 +577,10 @@ def drain_run(dsn: str, args: argparse.Namespace, variant: str, rep: int) -> Non
         f"(enqueue {n / enq_s:.0f}/s; {w['claims']} claims of {rec['jobs_per_claim']:.1f}, "
         f"{w['completes']} completes of {rec['jobs_per_complete']:.1f}; "
         f"due-index entries read: free {reads.get('reads_jobs_due_free')}, all {reads.get('reads_jobs_due_all')}; "
-        f"verified={verified})")
+        f"per 1,000 jobs: {1000 * reads.get('xacts', 0) / n:.0f} transactions, row writes "
+        + ", ".join(f"{k.removeprefix('writes_')} {1000 * v / n:.0f}" for k, v in sorted(reads.items())
+                    if k.startswith("writes_"))
+        + f"; verified={verified})")
 
 
 def fairness_run(dsn: str, args: argparse.Namespace, big_recipient: str | None) -> None:
