@@ -178,7 +178,7 @@ async def run_service(
                 if alerts is not None:
                     await background.start(db.listen, NOTIFY_CHANNEL, partial(_notified, deps, pool))
                     background.start_soon(alerts.run)
-                    background.start_soon(Watchdog(deps, registry.schedules).run)
+                    background.start_soon(Watchdog(deps, registry.schedules, tz=tz).run)
                 async with trio.open_nursery() as services:
                     if pool is not None:
                         await services.start(run_ticker, deps, registry.schedules, tz)

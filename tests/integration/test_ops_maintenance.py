@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import trio
 
@@ -78,6 +80,25 @@ async def test_no_heartbeat_since_the_start_alerts_once_its_period_has_passed_tw
         assert (await dog.check())["heartbeat"] is True
     texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
     assert len(texts) == 1 and "no heartbeat for 3 min" in texts[0]
+
+
+async def test_a_weekday_cron_heartbeat_is_not_silent_over_the_weekend(dsn, db, telegram_stub):
+    # before: any cron heartbeat counted as daily, so Friday's beat alarmed on Sunday
+    settings = service_settings(dsn, telegram_stub.url)
+    berlin = ZoneInfo("Europe/Berlin")
+    friday = datetime(2026, 12, 4, 9, 0, 5, tzinfo=berlin)
+    await db.execute("insert into service_state (name, updated_at) values ('heartbeat', %s)", [friday])
+    now = [datetime(2026, 12, 6, 10, 0, tzinfo=berlin).timestamp()]  # Sunday
+    async with open_telegram(settings) as telegram:
+        dog = Watchdog(deps_for(settings, db, telegram), [Schedule("heartbeat", cron="0 9 * * 1-5")],
+                       tz=berlin, clock=lambda: now[0])
+        assert (await dog.check())["heartbeat"] is False
+        now[0] = datetime(2026, 12, 8, 8, 59, tzinfo=berlin).timestamp()  # Tuesday, before its slot
+        assert (await dog.check())["heartbeat"] is False
+        now[0] = datetime(2026, 12, 8, 9, 1, tzinfo=berlin).timestamp()  # Monday's and Tuesday's missed
+        assert (await dog.check())["heartbeat"] is True
+    texts = [m["text"] for m in telegram_stub.messages(ALERT_CHAT)]
+    assert len(texts) == 1 and "(expected cron 0 9 * * 1-5)" in texts[0]
 
 
 async def test_prune_removes_what_it_should_and_keeps_what_it_must(dsn, db, telegram_stub):
