@@ -1,4 +1,4 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026).
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0031).
 
 Telegram allows about one message a second per chat, twenty a minute per group and
 about thirty a second per bot, and answers more with 429 and a ``retry_after``.
@@ -7,7 +7,8 @@ next message (TELEGRAM_CHAT_RATE a second, groups also ``GROUP_PER_MINUTE`` a mi
 and one GCRA budget of TELEGRAM_GLOBAL_RATE a second for the bot (its last burst slot
 kept for alerts). ``acquire`` takes the right to send now, or reserves the job's next
 slot and raises ``Defer`` to exactly it, so the job's next run sends without another
-wait; ``pushed`` records a 429 (that chat, or after several all sends, wait). Waits are
+wait; ``pushed`` records a 429 (that chat waits; all sends wait only when most recent sends
+were refused, Telegram limiting the bot itself). Waits are
 counted (``autom_telegram_waits_total``) and logged at most once a minute per reason.
 Long texts are split (``split_text``); ``block`` marks a chat that blocked the bot.
 """
@@ -34,7 +35,10 @@ log = logging.getLogger("autom.telegram")
 
 #: Telegram's limit for a group chat.
 GROUP_PER_MINUTE = 20
-#: This many 429s within ``FLOOD_WINDOW`` seconds pause all sends.
+#: This many 429s within ``FLOOD_WINDOW`` seconds pause all sends, when they are also at
+#: least half the recent sends (the budget row's ``flood_share``, over ``flood_memory``
+#: seconds: migrations/0031). Telegram's retry_after is about the request it refused;
+#: its limit on the bot shows as most sends refused, not as a few among many.
 FLOOD_THRESHOLD = 3
 FLOOD_WINDOW = 10.0
 #: Telegram's limit on a message text, in UTF-16 code units.
@@ -44,9 +48,6 @@ MAX_TEXT = 4096
 CHAT_KINDS = ("telegram.send", "telegram.message", "telegram.callback", "telegram.edited")
 #: How long one try at recording a part sent may take before it is tried again.
 RECORD_TRY_SECONDS = 5.0
-#: A reservation used more than this many seconds after its slot is given up for a new
-#: one (the job was held up: sending at once could bunch many late sends together).
-LATE_SECONDS = 10.0
 #: At most one log line per wait reason in this many seconds (the rest are counted).
 WAIT_LOG_SECONDS = 60.0
 
@@ -106,7 +107,9 @@ class SendLimiter:
         that wait, so the job's next run takes its slot without waiting again. Without a
         job (alerts) nothing is taken and ``Defer`` says how long to wait. The job's
         recipient line, when it is this chat, has its next job (of ``CHAT_KINDS``) moved
-        to the chat's next slot, so that it is not claimed only to wait.
+        to the chat's next slot, so that it is not claimed only to wait. A job that comes
+        back after its slot, however late (its workers lagged), sends on it and takes no
+        new one (migrations/0031).
 
         ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
         bot's budget alone, as for answering button presses, which go to no chat).
@@ -125,7 +128,7 @@ class SendLimiter:
             "chat_interval": self.interval(chat_id) if interval is None else interval,
             "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
             "job": job.id if job is not None else None, "line": job.recipient if job is not None else None,
-            "line_kinds": list(CHAT_KINDS), "late": LATE_SECONDS,
+            "line_kinds": list(CHAT_KINDS),
         }, prepare=True)
         wait = float((row or {}).get("wait") or 0.0)
         line_in = (row or {}).get("line_in")
@@ -163,13 +166,16 @@ class SendLimiter:
 
     async def pushed(self, chat_id: int | str, retry_after: float) -> None:
         """Telegram answered ``chat_id`` with 429 and ``retry_after``: hold its sends (all replicas),
-        moving its reserved slots (and their jobs) past the hold; several 429s pause all sends."""
+        moving its reserved slots (and their jobs) past the hold. ``FLOOD_THRESHOLD`` 429s within
+        ``FLOOD_WINDOW`` seconds that are also half the recent sends (Telegram refusing most of
+        them) pause all sends, moving every reserved slot past the pause; a few among many
+        (each chat's own) pause nothing else."""
         paused = await self._db.fetch_val(Q.telegram_pushed, {
             "chat": str(chat_id), "after": max(0.0, retry_after),
             "threshold": FLOOD_THRESHOLD, "window": FLOOD_WINDOW,
         })
         if paused:
-            log.warning("telegram answered 429 to several chats at once: all sends pause for %.0fs",
+            log.warning("telegram answered 429 to most recent sends: all sends pause for %.0fs",
                         retry_after, extra={"delay_s": retry_after})
 
 

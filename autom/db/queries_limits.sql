@@ -3,7 +3,8 @@
 -- name: telegram_acquire
 -- wait 0: the right to send %(parts)s messages to the chat now is taken; wait > 0: the
 -- job %(job)s's slot is reserved that many seconds ahead (no job: nothing taken), and
--- reason says what held it (chat, global, pause, held); line_in: the chat's next job of the
+-- reason says what held it (chat, global, pause, held); a job back after its slot, however
+-- late, sends on it (the last argument, `late`, is unused since migrations/0031); line_in: the chat's next job of the
 -- job's line was moved to the chat's next slot, due in that many seconds; -1: the chat blocked the bot
 -- (migrations/0020, 0026). Commits with synchronous_commit off, for its own transaction
 -- only (set_config(..., true) lasts until this statement's commit): see
@@ -11,7 +12,7 @@
 select t.wait, t.reason, t.line_in
 from (select set_config('synchronous_commit', 'off', true)) sync,
      autom_telegram_take(%(chat)s, %(parts)s, %(chat_interval)s, %(global_interval)s, %(burst)s, %(priority)s,
-                         %(job)s, %(line)s, %(line_kinds)s::text[], %(late)s) t;
+                         %(job)s, %(line)s, %(line_kinds)s::text[], null) t;
 
 -- name: telegram_chat_space
 -- An alert's turn in its chat (alerts skip the spacing in telegram_acquire, and keep to

@@ -9,6 +9,7 @@ import trio
 
 from autom.errors import Defer
 from autom.limits import SendLimiter
+from tests.support.telegram_stub import Reply, TelegramStub
 
 
 async def test_one_chat_waits_its_interval_while_another_chat_sends(db: Any) -> None:
@@ -78,7 +79,7 @@ async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only
     from autom.db.queries import Q
 
     params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 1 / 30, "burst": 30.0,
-              "priority": False, "job": None, "line": None, "line_kinds": [], "late": 10.0}
+              "priority": False, "job": None, "line": None, "line_kinds": []}
     async with db.transaction() as tx:
         setting = await tx.fetch_val("show synchronous_commit")
         assert setting != "off"
@@ -244,3 +245,86 @@ async def test_alerts_of_every_replica_take_turns_in_their_chats_spacing(db: Any
             nursery.start_soon(turn, second, waits)
         assert sorted(waits)[0] == 0 and 2.5 < sorted(waits)[1] <= 3.0, waits  # a group: one every 3 s
     assert 2.5 < await first.space(-1000) <= 3.0
+
+
+def _client(url: str, limiter: SendLimiter) -> Any:
+    from autom.config import Settings
+    from autom.telegram import TelegramClient
+
+    client = TelegramClient(Settings(telegram_api=url, telegram_bot_token="123456:limits",
+                                     telegram_alert_chat_id="-1001", http_timeout_seconds=5.0))
+    client.limiter = limiter
+    return client
+
+
+async def test_a_few_429s_among_many_sends_hold_their_chats_only_and_pause_nothing(
+    db: Any, telegram_stub: TelegramStub
+) -> None:
+    """Telegram refusing one send in ten (four chats of forty, within seconds) is about those
+    chats: every other send still reaches it, no pause moves anyone (migrations/0031). Before,
+    the third 429 within 10 s paused all sends: the sends after it were deferred unsent."""
+    refusing = [5, 15, 25, 35]
+    for chat in refusing:
+        telegram_stub.plan("sendMessage", [Reply(status=429, retry_after=1)], chat_id=chat)
+    client = _client(telegram_stub.url, SendLimiter(db, chat_rate=1.0, global_rate=1000.0))
+    refused = []
+    try:
+        for chat in range(40):
+            try:
+                await client.send_message(chat, "hello")
+            except Defer as exc:
+                assert exc.refused, exc  # Telegram's 429, not a wait of the limiter
+                refused.append(chat)
+    finally:
+        await client.aclose()
+    assert refused == refusing
+    assert len(telegram_stub.calls_of("sendMessage")) == 40  # every send reached Telegram
+    assert await db.fetch_val("select paused_until = '-infinity' from telegram_budget")
+
+
+async def test_telegram_refusing_most_sends_pauses_them_all(db: Any, telegram_stub: TelegramStub) -> None:
+    for chat in range(5):
+        telegram_stub.plan("sendMessage", [Reply(status=429, retry_after=5)], chat_id=chat)
+    client = _client(telegram_stub.url, SendLimiter(db, chat_rate=1.0, global_rate=1000.0))
+    reasons = []
+    try:
+        for chat in range(5):
+            with pytest.raises(Defer) as deferred:
+                await client.send_message(chat, "hello")
+            reasons.append("refused" if deferred.value.refused else "waited")
+    finally:
+        await client.aclose()
+    assert reasons == ["refused"] * 3 + ["waited"] * 2  # the third 429 in a row paused every send
+    assert len(telegram_stub.calls_of("sendMessage")) == 3
+
+
+async def test_a_job_back_long_after_its_reserved_slot_sends_on_it_and_takes_no_new_one(
+    db: Any, telegram_stub: TelegramStub
+) -> None:
+    """Workers that lag bring a job back after its slot: it sends on that slot, however late,
+    and takes nothing more from the bot's budget (migrations/0031). Before, a slot more than
+    10 s old was dropped and a new one taken behind every other (here 30 s of others' slots):
+    the job deferred again, unsent, and the budget spent twice."""
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=10.0, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n), recipient=None) for n in range(2)]
+    claims = {c.id: c for c in await store.claim(2)}
+    first, late = claims[ids[0]], claims[ids[1]]
+    await limiter.acquire(42, job=first)
+    with pytest.raises(Defer):
+        await limiter.acquire(42, job=late)  # its slot is reserved
+    # a minute passes: its slot long gone, the budget handed out 30 s ahead to other jobs
+    await db.execute("update telegram_reservations set slot_at = slot_at - interval '60 seconds'")
+    await db.execute("update telegram_budget set tat = clock_timestamp() + interval '30 seconds'")
+    await db.execute("update telegram_chats set next_send_at = next_send_at - interval '60 seconds'")
+    tat = await db.fetch_val("select tat from telegram_budget")
+    client = _client(telegram_stub.url, limiter)
+    try:
+        await client.for_job(late).send_message(42, "late")
+    finally:
+        await client.aclose()
+    assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage")] == ["late"]
+    assert await db.fetch_val("select count(*) from telegram_reservations") == 0
+    assert await db.fetch_val("select tat from telegram_budget") == tat  # no new slot taken
