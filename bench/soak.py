@@ -58,7 +58,8 @@ The checks:
 * reruns: a job's handler ran more than once only after a retryable answer
   (502, 429, timeout), a SIGTERM that cancelled it, the death of its process, or
   the database restart or stall (the lease lapsed: the run was stopped at its
-  local deadline); each cause is counted;
+  local deadline, or its first statement found no database: a retry); each
+  cause is counted, and the causes add up to the calls that did not finish a job;
 * processes: every SIGTERM ended in exit 0, no process died unasked.
 """
 
@@ -907,7 +908,9 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     retry_causes: Counter[str] = Counter()
     problems = []
     extra_runs = 0
+    unfinished_runs = 0  # calls not made by the claim that finished their job
     jobs_run_more = 0
+    deferred_unsent: Counter[str] = Counter()  # claims given back before any call (the send limits)
     for job in tg_jobs:
         jid = job["id"]
         own = sorted(claims[jid], key=lambda r: r["new_lease"])
@@ -927,24 +930,32 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         for lease, calls in per_claim.items():
             if len(calls) > 1:
                 problems.append(f"job {jid}: claim {lease} called sendMessage {len(calls)} times")
+        unfinished_runs += sum(len(calls) for calls in per_claim.values())
         for claim in own:
             lease = claim["new_lease"]
             calls = per_claim.get(lease, [])
             end = endings[jid].get(lease)
             final = end is not None and end["new_status"] in ("done", "failed")
             if final:
+                unfinished_runs -= min(1, len(calls))  # its call (if any) is the one that finished the job
                 if end["new_status"] == "done" and (len(calls) != 1 or calls[0][1] not in ("ok", "slow")):
                     problems.append(f"job {jid}: done by claim {lease} whose calls were {[k for _, k in calls]}")
                 continue
             cause = why_claim_ended(claim, end, own, incs, in_outage, calls, lost_logged)
             if calls:
                 causes[cause] += 1
+            elif not cause.startswith("UNEXPLAINED"):
+                deferred_unsent[cause] += 1
             if cause.startswith("retry"):
                 retry_causes[cause] += 1
             if cause.startswith("UNEXPLAINED"):
                 problems.append(f"job {jid} claim {lease} by {claim['by_inc']}: {cause}")
-    if sum(causes.values()) != extra_runs:
-        problems.append(f"{extra_runs} extra runs but {sum(causes.values())} claims that ran and did not count")
+    # every call is the one that finished its job, or belongs to a claim whose end is explained
+    # (counted in causes); a job still open, or finished by a claim that made no call (failed
+    # after MAX_DEFER_SECONDS, or for good after a database error), has no finishing call
+    if sum(causes.values()) != unfinished_runs:
+        problems.append(f"{unfinished_runs} calls by claims that did not finish their job, but "
+                        f"{sum(causes.values())} such claims explained")
     report.check("reruns", not problems,
                  f"{jobs_run_more} jobs ran more than once, {extra_runs} extra runs, each after: "
                  + (", ".join(f"{k} {v}" for k, v in causes.most_common()) or "-"), problems)
@@ -1015,6 +1026,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         "retries": retries,
         "retries_by_cause": dict(retry_causes.most_common()),
         "extra_runs_by_cause": dict(causes.most_common()),
+        "claims_ended_before_a_call": dict(deferred_unsent.most_common()),
         "sendmessage_calls": len(soak.stub.calls) - len(alert_calls),
         "stub_answers": dict(Counter(k for c, k in zip(soak.stub.calls, soak.stub.kinds, strict=True)
                                      if str(c.params.get("chat_id")) != ALERT_CHAT).most_common()),
@@ -1064,6 +1076,10 @@ def why_claim_ended(
             return f"UNEXPLAINED: attempt given back after {kinds}"
         error = str(end["last_error"] or "")
         kinds = {k for _, k in calls}
+        if "no database connection" in error and not calls and in_outage(claim["at"], end["at"]):
+            # the run's first statement (the send limit's, before any call) found no database:
+            # the restart (or the stall's exhausted pool); a retry like any transient error
+            return "retry: no database before its send (outage)"
         if "429" in error or error.startswith("Retry"):
             return "retry after 429" if kinds == {"429"} else f"UNEXPLAINED: 429 error {error!r} after {kinds}"
         if re.search(r"\b5\d\d\b", error):
