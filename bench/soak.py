@@ -1087,6 +1087,11 @@ def why_claim_ended(
         if any(word in error.lower() for word in ("timed out", "timeout", "deadline", "tooslow")):
             if kinds and kinds <= {"hang", "slow"}:
                 return "retry after timeout"
+            if calls and end["at"] - claim["at"] >= HTTP_TIMEOUT:
+                # the stub answered at once, and the run gave up no sooner than its whole deadline
+                # after its claim: the answer was not read in time (a process starved of CPU on a
+                # loaded machine); a deadline cut short would end sooner
+                return "retry after timeout (an answer not read within the deadline)"
             return f"UNEXPLAINED: timeout {error!r} after {kinds}"
         return f"UNEXPLAINED: retry after {error!r} ({kinds})"
     if end is not None:
