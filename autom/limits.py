@@ -37,7 +37,7 @@ log = logging.getLogger("autom.telegram")
 GROUP_PER_MINUTE = 20
 #: This many 429s within ``FLOOD_WINDOW`` seconds pause all sends, when they are also at
 #: least half the recent sends (the budget row's ``flood_share``, over ``flood_memory``
-#: seconds: migrations/0031). Telegram's retry_after is about the request it refused;
+#: seconds: migrations/0030). Telegram's retry_after is about the request it refused;
 #: its limit on the bot shows as most sends refused, not as a few among many.
 FLOOD_THRESHOLD = 3
 FLOOD_WINDOW = 10.0
@@ -109,7 +109,7 @@ class SendLimiter:
         recipient line, when it is this chat, has its next job (of ``CHAT_KINDS``) moved
         to the chat's next slot, so that it is not claimed only to wait. A job that comes
         back after its slot, however late (its workers lagged), sends on it and takes no
-        new one (migrations/0031).
+        new one (migrations/0030).
 
         ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
         bot's budget alone, as for answering button presses, which go to no chat).

@@ -261,7 +261,7 @@ async def test_a_few_429s_among_many_sends_hold_their_chats_only_and_pause_nothi
     db: Any, telegram_stub: TelegramStub
 ) -> None:
     """Telegram refusing one send in ten (four chats of forty, within seconds) is about those
-    chats: every other send still reaches it, no pause moves anyone (migrations/0031). Before,
+    chats: every other send still reaches it, no pause moves anyone (migrations/0030). Before,
     the third 429 within 10 s paused all sends: the sends after it were deferred unsent."""
     refusing = [5, 15, 25, 35]
     for chat in refusing:
@@ -302,7 +302,7 @@ async def test_a_job_back_long_after_its_reserved_slot_sends_on_it_and_takes_no_
     db: Any, telegram_stub: TelegramStub
 ) -> None:
     """Workers that lag bring a job back after its slot: it sends on that slot, however late,
-    and takes nothing more from the bot's budget (migrations/0031). Before, a slot more than
+    and takes nothing more from the bot's budget (migrations/0030). Before, a slot more than
     10 s old was dropped and a new one taken behind every other (here 30 s of others' slots):
     the job deferred again, unsent, and the budget spent twice."""
     from autom.jobs.store import JobStore

@@ -1,4 +1,4 @@
--- 0031: Telegram's limits (autom/limits.py): a flood is judged against the sends made, and
+-- 0030: Telegram's limits (autom/limits.py): a flood is judged against the sends made, and
 -- a reserved slot is kept however late its job comes back for it.
 --
 -- The flood rule. Telegram answers 429 with retry_after, "the number of seconds left to
