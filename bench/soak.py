@@ -1076,10 +1076,14 @@ def why_claim_ended(
             return f"UNEXPLAINED: attempt given back after {kinds}"
         error = str(end["last_error"] or "")
         kinds = {k for _, k in calls}
-        if "no database connection" in error and not calls and in_outage(claim["at"], end["at"]):
-            # the run's first statement (the send limit's, before any call) found no database:
-            # the restart (or the stall's exhausted pool); a retry like any transient error
-            return "retry: no database before its send (outage)"
+        if "no database connection" in error and in_outage(claim["at"], end["at"]):
+            # the send limit's statement found no database (the restart, or the stall's exhausted
+            # pool): before the call, or recording the 429 it was answered; a retry like any
+            # transient error
+            if not calls:
+                return "retry: no database before its send (outage)"
+            if kinds == {"429"}:
+                return "retry: no database to record a 429 (outage)"
         if "429" in error or error.startswith("Retry"):
             return "retry after 429" if kinds == {"429"} else f"UNEXPLAINED: 429 error {error!r} after {kinds}"
         if re.search(r"\b5\d\d\b", error):
@@ -1087,11 +1091,12 @@ def why_claim_ended(
         if any(word in error.lower() for word in ("timed out", "timeout", "deadline", "tooslow")):
             if kinds and kinds <= {"hang", "slow"}:
                 return "retry after timeout"
-            if calls and end["at"] - claim["at"] >= HTTP_TIMEOUT:
-                # the stub answered at once, and the run gave up no sooner than its whole deadline
-                # after its claim: the answer was not read in time (a process starved of CPU on a
-                # loaded machine); a deadline cut short would end sooner
-                return "retry after timeout (an answer not read within the deadline)"
+            if kinds <= {"ok"} and end["at"] - claim["at"] >= HTTP_TIMEOUT:
+                # the stub answered at once (or never saw the request), and the run gave up no
+                # sooner than its whole deadline after its claim: the request or its answer was
+                # not through in time (processes starved of CPU on a loaded machine); a deadline
+                # cut short would end sooner
+                return "retry after timeout (not through within the deadline)"
             return f"UNEXPLAINED: timeout {error!r} after {kinds}"
         return f"UNEXPLAINED: retry after {error!r} ({kinds})"
     if end is not None:
