@@ -398,7 +398,9 @@ class Operations:
             rows = await self.db.fetch_all(Q.ops_retry_jobs, {"ids": chunk, "statuses": ["failed"]})
             retried.extend(r["id"] for r in rows)
         if via is not None:
-            await self.record_action(via, "bulk_retry", None, {
+            # filtered to one recipient: its target, so the recipient's timeline shows it
+            target = f"recipient:{filt.recipient}" if filt is not None and filt.recipient else None
+            await self.record_action(via, "bulk_retry", target, {
                 **{k: v for k, v in (filt or FailedFilter()).params().items() if v is not None},
                 "retried": len(retried)})
         return BulkRetry(retried=retried, skipped=len(ids) - len(retried), more=more)

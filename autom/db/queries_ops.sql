@@ -404,29 +404,53 @@ select paused_at from recipients where recipient = %(recipient)s;
 -- name: ops_recipient_timeline
 -- A recipient's story, newest first: for a page of its jobs (newest first, before the
 -- job id %(before)s, jobs_recipient_id), each job's creation, every attempt that did
--- not end done (job_attempts), how it finished, and the events that made them.
--- Messages sent are the finished entries of its Telegram jobs (with the parts they sent).
+-- not end done (job_attempts), how it finished, the events that made them, and the
+-- operator actions (audit_log, migrations/0028, by audit_log_target) on these jobs and
+-- on the recipient itself. An action on the recipient belongs to the page whose jobs'
+-- creation times span it: from the page's oldest job's (none on the last page) up to
+-- the previous page's oldest (job %(before)s; none on the first page), so paging shows
+-- each once. Messages sent are the finished entries of its Telegram jobs (with the
+-- parts they sent).
 with j as (
     select id, kind, status, attempts, max_attempts, event_id, created_at, finished_at, last_error, telegram_parts
     from jobs
     where recipient = %(recipient)s and (%(before)s::bigint is null or id < %(before)s)
     order by id desc
     limit %(limit)s
+),
+span as (
+    select case when (select count(*) from j) < %(limit)s then '-infinity'::timestamptz
+                else (select created_at from j order by id limit 1) end as since,
+           coalesce((select created_at from jobs where id = %(before)s::bigint), 'infinity') as until
 )
 select * from (
     select j.created_at as at, 'job' as type, j.id as job_id, j.kind, j.status, null::int as attempt,
-           null::text as error, j.event_id, null::text as source, null::jsonb as parts
+           null::text as error, j.event_id, null::text as source, null::jsonb as parts,
+           null::text as via, null::text as action, null::jsonb as detail
     from j
     union all
-    select a.ended_at, 'attempt', a.job_id, j.kind, a.outcome, a.attempt, a.error, j.event_id, null, null
+    select a.ended_at, 'attempt', a.job_id, j.kind, a.outcome, a.attempt, a.error, j.event_id, null, null,
+           null, null, null
     from j join job_attempts a on a.job_id = j.id
     union all
     select j.finished_at, case when j.status = 'done' and j.telegram_parts is not null then 'sent'
                                else j.status end,
-           j.id, j.kind, j.status, j.attempts, j.last_error, j.event_id, null, j.telegram_parts
+           j.id, j.kind, j.status, j.attempts, j.last_error, j.event_id, null, j.telegram_parts, null, null, null
     from j where j.finished_at is not null
     union all
-    select e.received_at, 'event', null, null, null, null, null, e.id, e.source, null
+    select e.received_at, 'event', null, null, null, null, null, e.id, e.source, null, null, null, null
     from events e where e.id in (select j.event_id from j where j.event_id is not null)
+    union all
+    select a.at, 'action', j.id, j.kind, null, null, null, null, null, null, a.via, a.action, a.detail
+    from j join audit_log a on a.target = 'job:' || j.id
+    union all
+    select * from (
+        select a.at, 'action', null::bigint, null, null, null::int, null, null::bigint, null, null::jsonb,
+               a.via, a.action, a.detail
+        from audit_log a, span
+        where a.target = 'recipient:' || %(recipient)s and a.at >= span.since and a.at < span.until
+        order by a.at desc
+        limit 500
+    ) r
 ) t
 order by at desc nulls last, job_id desc nulls last, type;

@@ -33,8 +33,9 @@ Answers (JSON in and out, errors as ``{"error": "<one line>"}``):
 * ``POST /admin/kinds/{kind}/pause`` / ``resume``  200 ``{"kind","paused","changed"}``; 404 for a
   kind no handler serves (resume: unless it is paused), naming it.
 * ``GET  /admin/recipients/{r}?before=&limit=50``  200 ``{"recipient","paused","paused_at","blocked",
-  "blocked_at","timeline","next_before"}``: its events, jobs, attempts and finishes, newest first,
-  for its ``limit`` newest jobs before job id ``before`` (``next_before`` pages on).
+  "blocked_at","timeline","next_before"}``: its events, jobs, attempts, finishes and operator actions,
+  newest first, for its ``limit`` newest jobs before job id ``before`` (``next_before`` pages on).
+  ``{r}`` is percent-encoded; it may hold ``/`` (``site%3A%2Fcontact``).
 * ``POST /admin/recipients/{r}/pause`` / ``resume``  200 the recipient (its jobs stay pending in every
   replica while paused); ``/purge``  200 ``{"cancelled": n}`` (its pending jobs end cancelled).
 * ``GET  /admin/stats``                        200 counts, queue lag, failures in the last hour, paused kinds.
@@ -122,11 +123,11 @@ def admin_blueprint(deps: Deps) -> Blueprint:
     bp.add_url_rule("/kinds/<kind>/resume", "resume_kind", admin.resume_kind, methods=["POST"])
     bp.add_url_rule("/stats", "stats", admin.stats, methods=["GET"])
     bp.add_url_rule("/audit", "audit", admin.audit, methods=["GET"])
-    bp.add_url_rule("/recipients/<recipient>/pause", "pause_recipient", admin.pause_recipient, methods=["POST"])
-    bp.add_url_rule("/recipients/<recipient>/resume", "resume_recipient", admin.resume_recipient,
+    bp.add_url_rule("/recipients/<name:recipient>/pause", "pause_recipient", admin.pause_recipient, methods=["POST"])
+    bp.add_url_rule("/recipients/<name:recipient>/resume", "resume_recipient", admin.resume_recipient,
                     methods=["POST"])
-    bp.add_url_rule("/recipients/<recipient>/purge", "purge_recipient", admin.purge_recipient, methods=["POST"])
-    bp.add_url_rule("/recipients/<recipient>", "get_recipient", admin.get_recipient, methods=["GET"])
+    bp.add_url_rule("/recipients/<name:recipient>/purge", "purge_recipient", admin.purge_recipient, methods=["POST"])
+    bp.add_url_rule("/recipients/<name:recipient>", "get_recipient", admin.get_recipient, methods=["GET"])
     return bp
 
 

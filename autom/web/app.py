@@ -29,6 +29,7 @@ from autom.web.health import health_blueprint
 from autom.web.intake import Intake, intake_blueprint
 from autom.web.metrics_route import metrics_blueprint
 from autom.web.openapi import openapi_blueprint
+from autom.web.params import NameConverter
 from autom.web.responses import JSON, error_response
 
 log = logging.getLogger("autom.web")
@@ -53,6 +54,8 @@ def create_app(deps: Deps) -> QuartTrio:
     )
     # "//hooks/x" would otherwise answer a 308 redirect with an HTML body
     app.url_map.merge_slashes = False
+    # a recipient's id may hold "/" (routes take it as <name:recipient>)
+    app.url_map.converters["name"] = NameConverter
     app.extensions["autom.deps"] = deps
 
     app.register_blueprint(health_blueprint(deps))

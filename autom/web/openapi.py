@@ -131,7 +131,8 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 _TIME = {"type": "string", "format": "date-time"}
 
 _RECIPIENT_PARAMETER = {"name": "recipient", "in": "path", "required": True, "schema": _NAME,
-                        "description": "A job's recipient (a chat id, ...)."}
+                        "description": "A job's recipient (a chat id, ...), percent-encoded: it may hold / "
+                                       "(site%3A%2Fcontact)."}
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -566,7 +567,8 @@ _PATHS: dict[str, Any] = {
     },
     "/admin/recipients/{recipient}": {
         "get": _admin_operation(
-            "getRecipient", "A recipient's state and timeline (events, jobs, attempts, finishes), newest first",
+            "getRecipient",
+            "A recipient's state and timeline (events, jobs, attempts, finishes, actions), newest first",
             {"200": _json("The recipient: `recipient`, `paused`, `blocked`, `timeline` (each `{at, type, ...}`), "
                           "`next_before` (the `before` of the next page, or null).", {"type": "object"}),
              "400": _error("A malformed recipient or query parameter.")},

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from werkzeug.routing import BaseConverter
+
 from autom.errors import BadRequest
 from autom.ops import JOB_STATUSES, MAX_NAME, parse_run_at
 
@@ -24,6 +26,16 @@ MAX_ID = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _RELATIVE = re.compile(r"([0-9]{1,6})([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class NameConverter(BaseConverter):
+    """``<name:r>`` in a route: a recipient (or kind) that may hold ``/`` (``site:/contact``, linked as
+    ``site%3A%2Fcontact``: the server decodes ``%2F`` before routing). It takes the rest of the path up to
+    the rule's own suffix (``/ui/recipients/<name:r>/pause``), leading, doubled and trailing slashes
+    included; never empty."""
+
+    regex = ".+?"
+    part_isolating = False
 
 
 class BadParameter(BadRequest):

@@ -615,3 +615,111 @@ async def test_the_unsent_alerts_card_says_why_and_links_the_alerts_job(app: Run
         page = (await client.get("/ui/")).text
         card = page.split("<h2>Unsent alerts</h2>", 1)[1].split("</div>", 1)[0]
         assert f'href="/ui/jobs/{job}"' in card and "failed 3 time(s)" in card
+
+
+async def test_a_recipient_whose_id_holds_slashes_has_its_page_actions_and_api(app: RunningApp, db: Any) -> None:
+    from urllib.parse import quote
+
+    from tests.integration.test_admin import AUTH
+
+    # a site form's recipient is its page; "x/pause" ends like the pause action's path
+    for name in ("site:/contact", "/contact", "a//b/", "x/pause"):
+        job = await insert_job(db, kind="site.form", status="pending", recipient=name)
+        path = f"/ui/recipients/{quote(name, safe='')}"
+        async with logged_in(app) as (client, csrf):
+            assert f'href="{path}"' in (await client.get(f"/ui/jobs/{job}")).text, name
+            page = await client.get(path)
+            assert page.status_code == 200 and f"Recipient {name}" in page.text, name
+            assert f'href="/ui/jobs/{job}"' in page.text and f'action="{path}/pause"' in page.text, name
+            paused = await client.post(f"{path}/pause", data={"csrf": csrf})
+            assert paused.status_code == 303 and paused.headers["location"].startswith(f"{path}?"), name
+            assert "Paused: its jobs stay pending" in (await client.get(paused.headers["location"])).text
+            assert await db.fetch_val("select paused_at is not null from recipients where recipient = %s", [name])
+            # the admin API takes the same id, encoded the same way
+            story = await app.client.get(f"/admin/recipients/{quote(name, safe='')}", headers=AUTH)
+            assert story.status_code == 200 and (story.json()["recipient"], story.json()["paused"]) == (name, True)
+            resumed = await app.client.post(f"/admin/recipients/{quote(name, safe='')}/resume", headers=AUTH)
+            assert resumed.status_code == 200, name
+            purged = await app.client.post(f"/admin/recipients/{quote(name, safe='')}/purge", headers=AUTH)
+            assert purged.json() == {"cancelled": 1}, name
+            audit = (await client.get("/ui/audit")).text
+            assert f'href="{path}"' in audit, name
+    assert await db.fetch_val("select count(*) from recipients where recipient = 'x'") == 0
+
+
+async def test_a_recipients_timeline_shows_the_operator_actions_on_it_and_its_jobs(
+    app: RunningApp, db: Any
+) -> None:
+    first = await insert_job(db, kind="site.form", status="failed", recipient="77", attempts=8)
+    async with logged_in(app) as (client, csrf):
+        assert (await client.post("/ui/recipients/77/pause", data={"csrf": csrf})).status_code == 303
+        assert (await client.post(f"/ui/jobs/{first}/retry", data={"csrf": csrf})).status_code == 303
+        page = (await client.get("/ui/recipients/77")).text
+        timeline = page.split("<h2>Timeline", 1)[1]
+        assert "Paused by an operator (console)" in timeline
+        assert "Retried by an operator (console)" in timeline and f'href="/ui/jobs/{first}"' in timeline
+        # newest first: the retry, then the pause
+        assert timeline.index("Retried by an operator") < timeline.index("Paused by an operator")
+    story = (await app.client.get("/admin/recipients/77", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    actions = [(e["action"], e["via"], e.get("job_id")) for e in story["timeline"] if e["type"] == "action"]
+    assert actions == [("retry", "console", first), ("recipient_pause", "console", None)]
+
+
+async def test_a_recipients_actions_are_shown_once_across_its_pages(app: RunningApp, db: Any) -> None:
+    # jobs created an hour apart, an action on the recipient between the older two
+    ids = [await insert_job(db, kind="site.form", status="done", recipient="88",
+                            created_at=f"2026-01-01T0{h}:00:00Z") for h in (1, 2, 3)]
+    await db.execute("insert into audit_log (at, via, action, target) values "
+                     "('2026-01-01T01:30:00Z', 'cli', 'recipient_pause', 'recipient:88'), "
+                     "('2026-01-01T00:30:00Z', 'cli', 'recipient_resume', 'recipient:88')")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    seen = []
+    before = None
+    while True:
+        query = "limit=1" + (f"&before={before}" if before else "")
+        story = (await app.client.get(f"/admin/recipients/88?{query}", headers=headers)).json()
+        seen.append([e["action"] for e in story["timeline"] if e["type"] == "action"])
+        before = story["next_before"]
+        if before is None:
+            break
+    # page 1: job 3 (nothing after 03:00), page 2: job 2 (02:00-03:00), page 3: job 1 (01:00-02:00: the pause),
+    # then the last page (the resume at 00:30, older than every job)
+    assert len(ids) == 3 and seen == [[], [], ["recipient_pause"], ["recipient_resume"]]
+
+
+async def test_with_the_database_down_every_page_is_a_clear_503_page_and_comes_back() -> None:
+    import trio
+
+    from autom.db import open_database
+    from tests.support.restartable_pg import restartable_pg
+
+    with restartable_pg() as pg:
+        async with (
+            open_database(pg.dsn, min_size=1, max_size=4, pool_timeout=1.0, connect_timeout=2.0) as db,
+            running_app(db) as app,
+        ):
+            job, event = await seeded(app, db)
+            async with logged_in(app) as (client, csrf):
+                await trio.to_thread.run_sync(pg.stop)
+                pages = [path.format(job=job, event=event) for path in PAGES] + ["/ui/recipients/42"]
+                for path in pages:
+                    response = await client.get(path)
+                    assert response.status_code == 503, path
+                    page = response.text
+                    # the console's own page: its layout and stylesheet, a heading, one line that says what
+                    # is wrong and what helps, a way back; no traceback, no server's bare error
+                    assert page.startswith("<!doctype html>") and "/ui/static/console.css" in page, path
+                    assert "<h1>Not available</h1>" in page, path
+                    assert "The database is unavailable; try again in a moment." in page, path
+                    assert "Traceback" not in page and "psycopg" not in page, path
+                    assert response.headers["Content-Security-Policy"].startswith("default-src 'none'"), path
+                refused = await client.post(f"/ui/jobs/{job}/cancel", data={"csrf": csrf})
+                assert refused.status_code == 503 and "<h1>Not available</h1>" in refused.text
+                # the login form still shows (logging in says what is wrong)
+                async with httpx.AsyncClient(base_url=app.url, timeout=10.0) as fresh:
+                    assert (await fresh.get("/ui/login")).status_code == 200
+                await trio.to_thread.run_sync(pg.start)
+                with trio.fail_after(15):
+                    while (await client.get("/ui/")).status_code == 503:
+                        await trio.sleep(0.2)
+                assert (await client.get(f"/ui/jobs/{job}")).status_code == 200

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 import jinja2
 from markupsafe import Markup
@@ -73,6 +73,12 @@ RECIPIENT_NOTICES = {
     "purged": "Purged: {} pending job(s) cancelled.",
 }
 RECIPIENT_PAGE = {"before": p.ident, "limit": p.limit(MAX_PAGE)}
+#: an operator action in a recipient's timeline (audit_log's action → what the page says)
+ACTION_WORDS = {
+    "retry": "Retried", "cancel": "Cancelled", "reschedule": "Rescheduled",
+    "recipient_pause": "Paused", "recipient_resume": "Resumed", "recipient_purge": "Purged",
+    "bulk_retry": "Its failed jobs retried",
+}
 #: ... after a pause or resume, naming the kind (the sealed notice is "paused:KIND")
 KIND_NOTICES = {
     "paused": "Paused {}: its jobs stay pending until resumed.",
@@ -139,10 +145,10 @@ def console_blueprint(deps: Deps) -> Blueprint:
         ("/retry-failed", "retry_failed", console.retry_failed_page, ["GET"]),
         ("/retry-failed", "retry_failed_post", console.retry_failed, ["POST"]),
         ("/kinds/pause", "pause", console.pause, ["POST"]),
-        ("/recipients/<recipient>/pause", "recipient_pause", console.recipient_pause, ["POST"]),
-        ("/recipients/<recipient>/resume", "recipient_resume", console.recipient_resume, ["POST"]),
-        ("/recipients/<recipient>/purge", "recipient_purge", console.recipient_purge, ["POST"]),
-        ("/recipients/<recipient>", "recipient", console.recipient, ["GET"]),
+        ("/recipients/<name:recipient>/pause", "recipient_pause", console.recipient_pause, ["POST"]),
+        ("/recipients/<name:recipient>/resume", "recipient_resume", console.recipient_resume, ["POST"]),
+        ("/recipients/<name:recipient>/purge", "recipient_purge", console.recipient_purge, ["POST"]),
+        ("/recipients/<name:recipient>", "recipient", console.recipient, ["GET"]),
         ("/kinds/resume", "resume", console.resume, ["POST"]),
     ]
     for path, name, view, methods in rules:
@@ -498,7 +504,7 @@ class Console:
             entry["headline"] = error_headline(entry.get("error"))
         path = f"/ui/recipients/{quote(name, safe='')}"
         return await self._render(
-            "recipient.html", r=story, path=path, notice=notice,
+            "recipient.html", r=story, path=path, notice=notice, action_words=ACTION_WORDS,
             next_page=_query_string(request.args, before=str(story["next_before"]), notice=None, seal=None)
             if story["next_before"] else None,
             first_page=path if q["before"] else None,
@@ -568,7 +574,8 @@ class Console:
         """``path?name=value&seal=...``: what a redirect after an action tells its page, sealed for this session."""
         assert self._sessions is not None
         query = urlencode({name: value})
-        return f"{path}?{query}&seal={self._sessions.seal(g.console_session, f'{path}?{query}')}"
+        # sealed as the page will see its own path: decoded (a recipient's %2F is "/" there)
+        return f"{path}?{query}&seal={self._sessions.seal(g.console_session, f'{unquote(path)}?{query}')}"
 
     def _told(self, name: str, value: str | None, seal: str | None) -> str | None:
         """``value`` of the query parameter ``name`` if this page's link was sealed for this session, else None."""
