@@ -10,6 +10,12 @@ from autom.errors import PermanentError, Retry
 
 JITTER = 0.2
 
+#: A job's error as stored (``last_error``, an attempt's error): at most this many characters
+#: and lines. A multi-line message (an API's answer, an SQL error with its DETAIL and caret,
+#: a validation report) keeps its lines; lists show its first line, the job's page all of it.
+MAX_ERROR = 8000
+MAX_ERROR_LINES = 60
+
 #: The longest a 429's ``Retry-After`` (or Telegram's ``retry_after``) may push a job back,
 #: unless RETRY_MAX_SECONDS is longer: a sender asking for days (``Retry-After: 999999``)
 #: gets an hour, so a job cannot sit invisibly for a week on one bad header.
@@ -62,4 +68,30 @@ def describe(error: BaseException | str, limit: int = 2000) -> str:
         text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     # PostgreSQL text cannot hold NUL: an error message with one would make its write fail
     text = " ".join(text.replace("\x00", "\ufffd").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def error_text(error: BaseException | str, limit: int = MAX_ERROR, max_lines: int = MAX_ERROR_LINES) -> str:
+    """The stored error of a run: type and message with its lines kept (unlike ``describe``).
+
+    Line ends become ``\\n``; trailing whitespace and blank lines at either end are dropped, runs of
+    blank lines become one; indentation stays (an SQL error's caret). At most ``max_lines`` lines
+    (then a line saying how many more) and ``limit`` characters (cut with "…"). NUL, which
+    PostgreSQL text cannot hold, becomes U+FFFD.
+    """
+    if isinstance(error, str):
+        text = error
+    else:
+        message = str(error)
+        text = f"{type(error).__name__}: {message}" if message.strip() else type(error).__name__
+    lines: list[str] = []
+    for line in text.replace("\x00", "\ufffd").splitlines():
+        line = line.rstrip()
+        if line or (lines and lines[-1]):
+            lines.append(line)
+    while lines and not lines[-1]:
+        lines.pop()
+    if len(lines) > max_lines:
+        lines = [*lines[: max_lines - 1], f"… ({len(lines) - max_lines + 1} more lines)"]
+    text = "\n".join(lines)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autom.db.queries import Q
 from autom.errors import CancelJob, Defer
 from autom.jobs.models import Job, NewJob
-from autom.jobs.retry import RetryPolicy, describe, is_final
+from autom.jobs.retry import RetryPolicy, error_text, is_final
 
 if TYPE_CHECKING:
     from autom.db.bridge import Conn, Database, Tx
@@ -379,9 +379,9 @@ class JobStore:
         """
         if isinstance(error, Defer):
             ceiling = max(self.retry.cap, self.retry.after_ceiling)
-            return Settle(job, "deferred", describe(error), min(error.after, ceiling), refused=error.refused,
+            return Settle(job, "deferred", error_text(error), min(error.after, ceiling), refused=error.refused,
                           quiet=error.quiet)
-        text = describe(error)
+        text = error_text(error)
         if isinstance(error, CancelJob):
             return Settle(job, "cancelled", text)
         exc: BaseException = error if isinstance(error, BaseException) else Exception(error)

@@ -701,12 +701,16 @@ class WorkerPool:
 def _with_details(settle: Settle, exc: Exception, run: Run) -> Settle:
     """``settle`` with the run's ``ctx.log`` lines and, for an unexpected exception (not a
     ``JobError``: ``PermanentError``, ``Retry``, an HTTP status through ``ctx.check``), its
-    traceback, and the innermost frame of the user's code after the error (``file.py:LINE in f``)."""
+    traceback, and the innermost frame of the user's code after the error's first line (``file.py:LINE in f``)."""
     lines = run.log.lines if run.log is not None else None
     if isinstance(exc, JobError):
         return dataclasses.replace(settle, log=lines)
     frame = user_frame(exc)
-    error = settle.error if frame is None or settle.error is None else f"{settle.error} (at {frame})"
+    error = settle.error
+    if frame is not None and error is not None:
+        # after the first line: where lists show one line, it names the frame too
+        first, newline, rest = error.partition("\n")
+        error = f"{first} (at {frame}){newline}{rest}"
     return dataclasses.replace(settle, error=error, traceback=traceback_text(exc), log=lines)
 
 

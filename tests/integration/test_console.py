@@ -687,6 +687,33 @@ async def test_a_recipients_actions_are_shown_once_across_its_pages(app: Running
     assert len(ids) == 3 and seen == [[], [], ["recipient_pause"], ["recipient_resume"]]
 
 
+async def test_a_multi_line_error_is_kept_whole_on_the_job_page_and_one_line_in_lists(
+    app: RunningApp, db: Any
+) -> None:
+    from autom.jobs.retry import RetryPolicy
+
+    store = JobStore(db)
+    job = await store.enqueue(NewJob("site.form", {}, recipient="m1", max_attempts=2))
+    report = "the form is invalid:\n  name: missing\n  email: not an address"
+    for _ in range(2):  # a retry, then the last attempt fails for good
+        claimed = await claim_one(store)
+        assert claimed is not None and claimed.id == job
+        await store.fail(claimed, RuntimeError(report), retry=RetryPolicy(base=0.0, cap=0.0))
+    stored = await db.fetch_one("select status, last_error from jobs where id = %s", [job])
+    assert stored["status"] == "failed" and stored["last_error"] == f"RuntimeError: {report}"
+    async with logged_in(app) as (client, _):
+        page = (await client.get(f"/ui/jobs/{job}")).text
+        # the last error and each attempt's, whole, in a block that keeps the lines
+        shown = "RuntimeError: the form is invalid:\n  name: missing\n  email: not an address</pre>"
+        assert page.count(shown) == 3, page
+        listing = (await client.get("/ui/jobs?status=failed")).text
+        row = listing.split(f'href="/ui/jobs/{job}"', 1)[1].split("</tr>", 1)[0]
+        assert "RuntimeError: the form is invalid: name: missing email: not an address" in row
+        assert "\n  name" not in row
+        story = (await client.get("/ui/recipients/m1")).text
+        assert "the form is invalid: name: missing" in story and "\n  name" not in story
+
+
 async def test_with_the_database_down_every_page_is_a_clear_503_page_and_comes_back() -> None:
     import trio
 

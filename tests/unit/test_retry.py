@@ -7,7 +7,7 @@ import random
 import pytest
 
 from autom.errors import PermanentError, Retry, TransientError
-from autom.jobs.retry import RETRY_AFTER_CEILING, RetryPolicy, describe, is_final
+from autom.jobs.retry import MAX_ERROR, RETRY_AFTER_CEILING, RetryPolicy, describe, error_text, is_final
 
 
 def test_delay_doubles_per_attempt_without_jitter():
@@ -80,3 +80,15 @@ def test_describe_is_one_line_and_bounded():
     assert describe(RuntimeError("a\nb")) == "RuntimeError: a b"
     assert describe(ValueError()) == "ValueError"
     assert len(describe("x" * 5000, limit=100)) == 100
+
+
+def test_a_stored_error_keeps_its_lines_bounded():
+    sql = 'syntax error at or near "form"\r\nLINE 1: select * form jobs\n                 ^\n\n\n\nHINT:  a typo?  \n\n'
+    assert error_text(RuntimeError(sql)) == ('RuntimeError: syntax error at or near "form"\n'
+                                             'LINE 1: select * form jobs\n                 ^\n\nHINT:  a typo?')
+    assert error_text(ValueError()) == "ValueError" and error_text(ValueError("\n")) == "ValueError"
+    assert error_text("a\x00b") == "a\ufffdb"
+    many = error_text("\n".join(f"line {i}" for i in range(200)), max_lines=10)
+    assert many.splitlines() == [*(f"line {i}" for i in range(9)), "… (191 more lines)"]
+    long = error_text("x" * (MAX_ERROR * 2))
+    assert len(long) == MAX_ERROR and long.endswith("…")
