@@ -43,6 +43,15 @@ BULK_RETRY_CAP = 10_000
 BULK_RETRY_BATCH = 500
 #: longest a kind, recipient or source filter (or a paused kind) may be
 MAX_NAME = 200
+#: the most counts of the overview past their cap that are estimated (one EXPLAIN each)
+MAX_ESTIMATES = 40
+
+#: How many jobs a list (ops_list_jobs, ops_list_failed) matches: its own statement, counted
+#: with ``limit`` = the cap (the list's walk, stopped there) and, past it, estimated by the
+#: planner (EXPLAIN with ``limit`` = ``_NO_LIMIT``: the rows it expects, none read).
+_COUNT_OF = {q: f"select count(*) as n from (\n{q.rstrip(';')}\n) c" for q in (Q.ops_list_jobs, Q.ops_list_failed)}
+_ESTIMATE_OF = {q: f"explain (format json)\n{q}" for q in (Q.ops_list_jobs, Q.ops_list_failed)}
+_NO_LIMIT = 2**62
 
 #: What an operator is told about a query error, by SQLSTATE (code, then class prefix):
 #: the kind of trouble only, never the SQL text or the data in the server's message.
@@ -185,18 +194,48 @@ class BulkRetry:
 
 @dataclass(frozen=True)
 class Capped:
-    """A count that stopped at ``cap``: shown "1,000+" rather than a made-up exact number."""
+    """A count that stopped at ``cap``, never a made-up exact number: "1,000+", or with the
+    planner's ``estimate`` (rows it expects, from its statistics) "about 45,000"."""
 
     n: int
     cap: int
+    estimate: int | None = None
 
     @property
     def capped(self) -> bool:
         """Whether the real number may be larger."""
         return self.n >= self.cap
 
+    @property
+    def estimated(self) -> bool:
+        """Whether it is said as an estimate: capped, and the planner expects more than the cap."""
+        return self.capped and self.estimate is not None and self.estimate > self.cap
+
+    @property
+    def value(self) -> int:
+        """The best number known: exact, the estimate, or the cap (a lower bound)."""
+        return self.estimate if self.estimated and self.estimate is not None else self.n
+
     def __str__(self) -> str:
+        if self.estimated:
+            return f"about {about(self.value):,}"
         return f"{self.cap:,}+" if self.capped else f"{self.n:,}"
+
+
+def _plan_rows(plan: Any) -> int | None:
+    """The rows EXPLAIN (FORMAT JSON) says its top node returns; None when it says no such thing."""
+    try:
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+
+
+def about(n: int) -> int:
+    """``n`` to two significant digits (943,512 → 940,000): an estimate said without false precision."""
+    digits = len(str(abs(n)))
+    return n if digits <= 2 else int(round(n, 2 - digits))
 
 
 @dataclass(frozen=True)
@@ -274,6 +313,18 @@ class Operations:
         else:
             rows = await fetch_all_bounded(self.db, sql, params, seconds=statement_seconds)
         return [job_json(r) for r in rows]
+
+    async def count_jobs(self, filt: JobFilter | None, cap: int, statement_seconds: float) -> Capped:
+        """How many jobs ``filt`` matches: exact up to ``cap``, past it with the planner's estimate."""
+        filt = filt or JobFilter()
+        sql = Q.ops_list_failed if filt.status == "failed" else Q.ops_list_jobs
+        params = {**filt.params(), "before": None, "before_at": None}
+        rows = await fetch_all_bounded(self.db, _COUNT_OF[sql], {**params, "limit": cap}, seconds=statement_seconds)
+        n = int(rows[0]["n"]) if rows else 0
+        if n < cap:
+            return Capped(n, cap)
+        plan = await self.db.fetch_val(_ESTIMATE_OF[sql], {**params, "limit": _NO_LIMIT})
+        return Capped(n, cap, _plan_rows(plan))
 
     async def failed_jobs(self, limit: int = 20) -> list[dict]:
         """The latest failed jobs, most recent failure first."""
@@ -540,11 +591,20 @@ class Operations:
         }
 
     async def overview_counts(self, cap: int, statement_seconds: float) -> dict[str, dict[str, Capped]]:
-        """Jobs per kind and status, each count capped at ``cap`` (the console's overview)."""
+        """Jobs per kind and status, each count exact up to ``cap``, past it with the planner's estimate
+        (the console's overview; at most ``MAX_ESTIMATES`` of them, the rest "1,000+")."""
         rows = await fetch_all_bounded(self.db, Q.ops_overview_counts, {"cap": cap}, seconds=statement_seconds)
         counts: dict[str, dict[str, Capped]] = {}
+        estimates = 0
         for row in rows:
-            counts.setdefault(row["kind"], {})[row["status"]] = Capped(int(row["n"]), cap)
+            n = int(row["n"])
+            estimate = None
+            if n >= cap and estimates < MAX_ESTIMATES:  # past the cap: the planner's estimate (EXPLAIN)
+                estimates += 1
+                params = {**JobFilter(kind=row["kind"], status=row["status"]).params(), "before": None,
+                          "limit": _NO_LIMIT}
+                estimate = _plan_rows(await self.db.fetch_val(_ESTIMATE_OF[Q.ops_list_jobs], params))
+            counts.setdefault(row["kind"], {})[row["status"]] = Capped(n, cap, estimate)
         return counts
 
     async def throughput(self, minutes: int, statement_seconds: float) -> list[dict]:

@@ -16,10 +16,13 @@ What one run does:
    each page ``--requests`` times after one warm-up, one request at a time, timing
    the whole answer (httpx, on this machine).
 
-Pages: the overview; the jobs list unfiltered; the failed jobs of one kind (the
-filtered page of the target); one recipient's jobs; a kind's page deep in the table
-(keyset ``before`` at the middle id); the events list. Target: every page under
-200 ms (p95). Every result is one JSON line (stdout and ``--out``).
+Pages: the overview; the jobs list unfiltered; the failed jobs of every kind and of
+one kind; the done jobs of one kind (a count far past the cap: "about N"); one
+recipient's jobs; a kind's page deep in the table (keyset ``before`` at the middle
+id); a recipient's timeline (its page); the bulk retry's confirm page for one kind;
+the events list; the audit trail (2,000 actions, a few on the timeline's recipient).
+Target: every page under 200 ms (p95). Every result is one JSON line (stdout and
+``--out``), with the load average.
 """
 
 from __future__ import annotations
@@ -74,6 +77,25 @@ cross join lateral (select now() - make_interval(secs => (%(jobs)s - g) * 604800
 """
 
 
+# Every failed job's attempts (8 each: 7 retries, the failure), and 2,000 operator actions, a few of them on
+# the recipient whose timeline is measured.
+SEED_ATTEMPTS = """
+insert into job_attempts (job_id, attempt, started_at, ended_at, outcome, error)
+select j.id, a, j.created_at, j.created_at + interval '1 second', case when a = 8 then 'failed' else 'retry' end,
+       'TransientError: telegram sendMessage: HTTP 502 Bad Gateway'
+from jobs j cross join generate_series(1, 8) a
+where j.status = 'failed'
+"""
+SEED_AUDIT = """
+insert into audit_log (at, via, action, target, detail)
+select now() - make_interval(secs => g * 300), 'console',
+       case when g %% 4 = 0 then 'recipient_pause' else 'retry' end,
+       case when g %% 40 = 0 then 'recipient:r4242' when g %% 4 = 0 then 'recipient:r' || (g %% 10000)
+            else 'job:' || g * 97 end, null
+from generate_series(1, 2000) g
+"""
+
+
 def emit(rec: dict[str, Any], out: str | None) -> None:
     line = json.dumps(rec)
     print(line, flush=True)
@@ -93,7 +115,8 @@ def seed(dsn: str, jobs: int, events: int) -> dict[str, float]:
     took: dict[str, float] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("set statement_timeout = '10min'")
-        for name, query in (("events", SEED_EVENTS), ("jobs", SEED_JOBS)):
+        for name, query in (("events", SEED_EVENTS), ("jobs", SEED_JOBS), ("attempts", SEED_ATTEMPTS),
+                            ("audit", SEED_AUDIT)):
             started = time.perf_counter()
             conn.execute(query, {"jobs": jobs, "events": events, "kinds": KINDS})
             took[f"seed_{name}_s"] = round(time.perf_counter() - started, 1)
@@ -123,10 +146,15 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
     pages = {
         "overview": "/ui/",
         "jobs, no filter": "/ui/jobs",
+        "failed jobs, every kind": "/ui/jobs?status=failed",
         "failed jobs of one kind": "/ui/jobs?status=failed&kind=telegram.message",
+        "done jobs of one kind": "/ui/jobs?status=done&kind=telegram.message",
         "one recipient's jobs": "/ui/jobs?recipient=r4242",
         "a kind, deep page (keyset)": f"/ui/jobs?kind=site.form&before={middle_id}",
+        "a recipient's timeline": "/ui/recipients/r4242",
+        "bulk retry's count of one kind": "/ui/retry-failed?kind=telegram.message",
         "events": "/ui/events",
+        "audit": "/ui/audit",
     }
     results = []
     async with open_database(dsn, min_size=2, max_size=8) as db:
@@ -152,7 +180,7 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
                         "requests": requests, "p50_ms": round(statistics.median(times), 1),
                         "p95_ms": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
                         "max_ms": round(times[-1], 1), "bytes": len(warm.content),
-                        "capped_counts": "1,000+" in warm.text,
+                        "capped_counts": "1,000+" in warm.text, "estimated_counts": "about " in warm.text,
                     }
                     results.append(rec)
                     log(f"{name}: p50 {rec['p50_ms']} ms, p95 {rec['p95_ms']} ms, max {rec['max_ms']} ms")

@@ -4,7 +4,9 @@
 -- Newest first; every filter is optional (NULL = any). "before" is the keyset
 -- cursor (the last id of the previous page): an index walk from there, never an
 -- OFFSET scan. since/until bound created_at. The statement is planned with its
--- values (not prepared), so the NULL tests of absent filters fold away.
+-- values (not prepared), so the NULL tests of absent filters fold away. Also how
+-- many match (Operations.count_jobs): counted with limit = the cap (the same walk,
+-- stopped there), past it the planner's estimate (EXPLAIN with no limit to speak of).
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
        recipient, payload, created_at, updated_at, finished_at
 from jobs

@@ -714,6 +714,23 @@ async def test_a_multi_line_error_is_kept_whole_on_the_job_page_and_one_line_in_
         assert "the form is invalid: name: missing" in story and "\n  name" not in story
 
 
+async def test_counts_past_the_cap_say_about_n_from_the_planners_estimate(app: RunningApp, db: Any) -> None:
+    await db.execute("insert into jobs (kind, status, finished_at) "
+                     "select 'k.big', 'failed', now() from generate_series(1, 1500)")
+    few = [await insert_job(db, kind="k.small", status="failed") for _ in range(3)]
+    await db.execute("analyze jobs")  # what autovacuum does after such a change
+    async with logged_in(app) as (client, _):
+        overview = (await client.get("/ui/")).text
+        row = overview.split('href="/ui/jobs?kind=k.big"', 1)[1].split("</tr>", 1)[0]
+        assert re.search(r">about 1,[45]\d\d<", row), row
+        assert ">1,000+<" not in overview
+        listing = (await client.get("/ui/jobs?status=failed&kind=k.big")).text
+        assert re.search(r"about 1,[45]\d\d job\(s\) match \(PostgreSQL's estimate: counted exactly up to "
+                         r"1,000\)", listing), listing
+        exact = (await client.get("/ui/jobs?status=failed&kind=k.small")).text
+        assert "3 job(s) match. Newest failure first." in exact and len(few) == 3
+
+
 async def test_with_the_database_down_every_page_is_a_clear_503_page_and_comes_back() -> None:
     import trio
 

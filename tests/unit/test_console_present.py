@@ -45,6 +45,18 @@ def test_capped_counts_never_claim_more_than_they_know() -> None:
     assert table.totals == ["0", "0", "1,005+", "3", "0"]
 
 
+def test_a_count_past_its_cap_says_the_planners_estimate_as_about() -> None:
+    assert str(Capped(1000, 1000, 943_512)) == "about 940,000"
+    assert str(Capped(1000, 1000, 45_027)) == "about 45,000"
+    assert str(Capped(1000, 1000, 800)) == "1,000+"  # the planner expects fewer than were counted
+    assert str(Capped(12, 1000, 5000)) == "12"  # exact below the cap, whatever the planner thinks
+    table = count_table({"a": {"done": Capped(1000, 1000, 943_512), "failed": Capped(3, 1000)},
+                         "b": {"done": Capped(5, 1000), "failed": Capped(1000, 1000, 45_027)},
+                         "c": {"failed": Capped(1000, 1000)}})
+    assert table.kinds[0] == ("a", ["0", "0", "about 940,000", "3", "0"])
+    assert table.totals == ["0", "0", "about 940,000", "46,030+", "0"]
+
+
 def test_throughput_chart_places_minutes_and_scales_to_the_peak() -> None:
     minute = NOW.replace(second=0)
     rows = [

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from autom.ops import JOB_STATUSES, Capped
+from autom.ops import JOB_STATUSES, Capped, about
 
 #: the longest text a page shows in one block (a payload, a body); the rest is cut, and the page says so
 MAX_SHOWN = 200_000
@@ -79,20 +79,24 @@ class CountTable:
 
 
 def count_table(counts: Mapping[str, Mapping[str, Capped]]) -> CountTable:
-    """The overview's table: a count that hit its cap shows "1,000+", and so does a total that includes one."""
+    """The overview's table: a count past its cap shows the planner's estimate ("about 45,000"), or
+    "1,000+" without one; a total holding an estimate says "about", one holding a "1,000+" says "+"."""
     kinds = []
     sums = dict.fromkeys(JOB_STATUSES, 0)
-    capped = dict.fromkeys(JOB_STATUSES, False)
+    plus = dict.fromkeys(JOB_STATUSES, False)
+    estimated = dict.fromkeys(JOB_STATUSES, False)
     for kind in sorted(counts):
         row = []
         for status in JOB_STATUSES:
             cell = counts[kind].get(status)
             row.append(str(cell) if cell is not None else "0")
             if cell is not None:
-                sums[status] += cell.n
-                capped[status] |= cell.capped
+                sums[status] += cell.value
+                plus[status] |= cell.capped and not cell.estimated
+                estimated[status] |= cell.estimated
         kinds.append((kind, row))
-    totals = [f"{sums[s]:,}+" if capped[s] else f"{sums[s]:,}" for s in JOB_STATUSES]
+    totals = [f"{sums[s]:,}+" if plus[s] else f"about {about(sums[s]):,}" if estimated[s] else f"{sums[s]:,}"
+              for s in JOB_STATUSES]
     return CountTable(kinds=kinds, totals=totals)
 
 

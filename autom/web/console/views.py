@@ -320,6 +320,8 @@ class Console:
                                       statuses=JOB_STATUSES, next_page=None, limit=limit)
         for job in jobs:
             job["headline"] = error_headline(job.get("last_error"))
+        # how many match: exact up to COUNT_CAP, then the planner's estimate ("about N"); "—" if it timed out
+        total = await self._maybe(self._ops.count_jobs(filt, COUNT_CAP, QUERY_SECONDS)) if jobs else None
         next_page = None
         if len(jobs) == limit:
             # failed jobs page by (finished_at, id): the cursor carries both
@@ -327,7 +329,7 @@ class Console:
             at = last["finished_at"] if q["status"] == "failed" else None
             next_page = _query_string(request.args, before=str(last["id"]), before_at=at)
         return await self._render("jobs.html", jobs=jobs, error=None, filters=_echo(request.args),
-                                  statuses=JOB_STATUSES, next_page=next_page, limit=limit,
+                                  statuses=JOB_STATUSES, next_page=next_page, limit=limit, total=total,
                                   first_page=_query_string(request.args, before=None, before_at=None)
                                   if q["before"] else None,
                                   retry_all=_retry_all_link(request.args, q))
