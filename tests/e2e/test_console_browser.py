@@ -2,14 +2,17 @@
 driven by Selenium against the whole service (HTTP, workers, a Telegram stub on 127.0.0.1).
 
 What a person does: log in, find the failed job, open it, press Retry and see it done;
-replay an event; cancel a pending job; log in while someone guesses tokens from many
+replay an event; cancel a pending job, and a running one (its handler stops); filter the
+failed list and retry exactly what it shows; read a recipient's timeline after a delivery,
+a second job and a retry, and pause it; log in while someone guesses tokens from many
 addresses. What must not happen: a payload's ``<script>`` or ``<img onerror>`` running,
 a form posted without its CSRF token being obeyed, a page shown without a session (also
 with a cookie put back after logout).
 
 ``.ci/run`` installs Chromium and its driver when they are missing. Where no browser can
 be had these tests skip, saying why. With ``AUTOM_CONSOLE_SCREENSHOTS=<folder>`` the
-run also saves the README's screenshots (overview, a job, an event) there.
+run also saves the README's screenshots (overview, a job, an event, the failed list, the bulk
+retry's confirm page, a recipient) there.
 
 Selenium is synchronous: its calls run in a worker thread (``Browser``) while the
 service runs in the test's trio nursery.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +32,11 @@ import httpx
 import pytest
 import trio
 
+from autom.handlers import telegram_send
+from autom.jobs.models import NewJob
+from autom.jobs.store import JobStore
 from tests.support.http_app import client_at
+from tests.support.queue import sleeping_handler
 from tests.support.service import (
     ADMIN_TOKEN,
     post_telegram,
@@ -104,9 +111,18 @@ class Browser:
         Replay) and wait until the next page has replaced this one."""
         await self.navigate(lambda d: d.find_element(By.XPATH, f"//button[normalize-space()='{label}']").click())
 
-    async def follow(self, text: str) -> None:
-        """Click the link reading ``text`` and wait for the page it leads to."""
-        await self.navigate(lambda d: d.find_element(By.LINK_TEXT, text).click())
+    async def follow(self, text: str, partial: bool = False) -> None:
+        """Click the link reading ``text`` (or starting with it: ``partial``) and wait for the page it leads to."""
+        how = By.PARTIAL_LINK_TEXT if partial else By.LINK_TEXT
+        await self.navigate(lambda d: d.find_element(how, text).click())
+
+    async def type_into(self, name: str, value: str) -> None:
+        """Type ``value`` into the (first) field named ``name``."""
+        await self.do(lambda d: d.find_element(By.NAME, name).send_keys(value))
+
+    async def cells(self, selector: str) -> list[str]:
+        """The text of every element ``selector`` (CSS) finds, in page order."""
+        return await self.do(lambda d: [str(e.text) for e in d.find_elements(By.CSS_SELECTOR, selector)])
 
     async def navigate(self, act: Callable[[Any], None]) -> None:
         """Do ``act`` (a click that loads a page) and wait until the old page is gone and the new one loaded."""
@@ -154,10 +170,13 @@ class Browser:
 
 
 @asynccontextmanager
-async def console(drv: Any, dsn: str, telegram_stub: Any) -> AsyncIterator[tuple[Browser, httpx.AsyncClient, Any]]:
-    """The whole service, a browser without cookies pointed at it, and an HTTP client for set-up."""
+async def console(
+    drv: Any, dsn: str, telegram_stub: Any, handlers: Mapping[str, Any] | None = None,
+) -> AsyncIterator[tuple[Browser, httpx.AsyncClient, Any]]:
+    """The whole service (with ``handlers`` instead of the built-in ones, when given), a browser
+    without cookies pointed at it, and an HTTP client for set-up."""
     async with (
-        running_service(service_settings(dsn, telegram_stub.url)) as svc,
+        running_service(service_settings(dsn, telegram_stub.url), handlers=handlers) as svc,
         httpx.AsyncClient(base_url=svc.urls[0], timeout=10.0) as client,
     ):
         browser = Browser(drv, svc.urls[0])
@@ -324,7 +343,7 @@ async def test_wrong_logins_from_many_addresses_do_not_stop_the_right_token(
                 assert locked.status_code == (429 if n == 2 else 303), n
         # the operator's browser (127.0.0.1): a typo is refused, the right token gets in
         await browser.open("/ui/login")
-        await browser.do(lambda d: d.find_element(By.NAME, "token").send_keys("not-" + ADMIN_TOKEN))
+        await browser.type_into("token", "not-" + ADMIN_TOKEN)
         await browser.press("Log in")
         assert "That is not the ADMIN_TOKEN." in await browser.text()
         await browser.login()
@@ -353,3 +372,121 @@ async def test_pause_and_purge_a_recipient_and_reschedule_a_job(
         await browser.press("Purge")
         await browser.wait_for_text("Purged: 1 pending job(s) cancelled.")
         assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "cancelled"
+
+
+async def failed_job(db: Any, kind: str, recipient: str) -> int:
+    """A job that failed for good after 8 attempts (bypassing the queue)."""
+    return int(await db.fetch_val(
+        "insert into jobs (kind, payload, status, attempts, recipient, last_error, finished_at) values "
+        "(%s, '{}', 'failed', 8, %s, 'TransientError: crm.example.com: HTTP 503 Service Unavailable', now()) "
+        "returning id", [kind, recipient]))
+
+
+async def test_bulk_retry_from_a_filtered_failed_list_retries_exactly_those(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    ran: list[int] = []
+
+    async def note(ctx: Any, job: Any) -> None:
+        ran.append(job.id)
+
+    handlers = {"crm.sync": note, "mail.send": note}
+    async with console(driver, dsn, telegram_stub, handlers=handlers) as (browser, _c, _s):
+        hit = [await failed_job(db, "crm.sync", "customer-17") for _ in range(3)]
+        # the same kind for another recipient, another kind for the same recipient
+        others = [await failed_job(db, "crm.sync", "customer-42"), await failed_job(db, "mail.send", "customer-17"),
+                  await failed_job(db, "crm.sync", "customer-42")]
+        await browser.login()
+        await browser.follow("Failed")
+        await browser.shot("console-failed.png")
+        assert sorted(int(x) for x in await browser.cells("table.jobs tbody td:first-child")) == sorted(hit + others)
+        await browser.type_into("kind", "crm.sync")
+        await browser.type_into("recipient", "customer-17")
+        await browser.press("Filter")
+        assert sorted(int(x) for x in await browser.cells("table.jobs tbody td:first-child")) == sorted(hit)
+        await browser.follow("Retry every failed job", partial=True)
+        page = await browser.text()
+        assert "3 failed job(s) match (kind crm.sync) (recipient customer-17)" in page, page
+        assert await browser.cells("table.by-kind tbody tr") == ["crm.sync 3"]
+        await browser.shot("console-retry-failed.png")
+        await browser.press("Retry")
+        await browser.wait_for_text("Retried 3, skipped 0")
+        await wait_until(lambda: db.fetch_val("select count(*) = 3 from jobs where status = 'done'"), timeout=15)
+        assert sorted(ran) == sorted(hit)
+        rows = await db.fetch_all("select id, status, attempts from jobs where id = any(%s) order by id", [others])
+        assert [(r["status"], r["attempts"]) for r in rows] == [("failed", 8)] * 3
+
+
+async def test_cancel_a_running_job_from_its_page_stops_its_handler(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    started = trio.Event()
+    slow, ended = sleeping_handler(started)
+    async with console(driver, dsn, telegram_stub, handlers={"slow.kind": slow}) as (browser, _c, _s):
+        job_id = await JobStore(db).enqueue(NewJob("slow.kind", {"n": 1}, max_attempts=5))
+        with trio.fail_after(15):
+            await started.wait()
+        await browser.login()
+        await browser.open(f"/ui/jobs/{job_id}")
+        assert f"Job {job_id} running" in await browser.text()
+        await browser.press("Cancel")
+        await browser.wait_for_text("Cancelled: it will not run.")
+        # the handler is stopped (the cancel's NOTIFY reaches the worker), long before its lease's renewal
+        await wait_until(lambda: ended == ["cancelled"], timeout=15)
+        await browser.do(lambda d: d.refresh())
+        assert f"Job {job_id} cancelled" in await browser.text()
+        row = await db.fetch_one("select status, attempts from jobs where id = %s", [job_id])
+        assert (row["status"], row["attempts"]) == ("cancelled", 1)
+        assert await db.fetch_val("select count(*) from alerts") == 0
+        assert "Cancel" not in [b.text for b in await browser.do(lambda d: d.find_elements(By.TAG_NAME, "button"))]
+
+
+async def test_a_recipients_timeline_after_a_delivery_with_two_jobs_and_a_retry(
+    driver: Any, dsn: str, db: Any, telegram_stub: Any
+) -> None:
+    async def answer(ctx: Any, job: Any) -> None:
+        """The message's job thanks the chat through a job of its own (the second job of the delivery)."""
+        chat = job.payload["chat_id"]
+        await ctx.enqueue("telegram.send", {"chat_id": chat, "text": "thanks"}, recipient=str(chat))
+
+    # the thanks' first send meets a Telegram outage (500): retried, then sent
+    telegram_stub.plan("sendMessage", [Reply(500, description="Internal Server Error")], chat_id=31)
+    handlers = {"telegram.message": answer, "telegram.send": telegram_send.handle}
+    async with console(driver, dsn, telegram_stub, handlers=handlers) as (browser, client, _):
+        event_id = (await post_telegram(client, telegram_update(41, 31, "hello"))).json()["id"]
+        first = await job_of(client, event_id)
+        await wait_until(lambda: db.fetch_val(
+            "select count(*) = 2 from jobs where recipient = '31' and status = 'done'"), timeout=15)
+        send = int(await db.fetch_val("select id from jobs where kind = 'telegram.send' and recipient = '31'"))
+        await browser.login()
+        await browser.open(f"/ui/jobs/{first}")
+        await browser.follow("31")
+        await browser.wait_for_text("Recipient 31")
+        await browser.press("Pause")
+        await browser.wait_for_text("Paused: its jobs stay pending")
+        rows = await browser.do(lambda d: [[str(c.text) for c in r.find_elements(By.TAG_NAME, "td")]
+                                           for r in d.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")])
+        await browser.shot("console-recipient.png")
+
+        def where(job: int | None, what: str | None, detail: str) -> int:
+            """The one row of the timeline (when, what, job, kind, detail) of ``job`` saying ``detail``."""
+            found = [i for i, (_, w, j, _, d) in enumerate(rows)
+                     if j == ("" if job is None else str(job)) and (what is None or w == what) and detail in d]
+            assert len(found) == 1, (job, what, detail, rows)
+            return found[0]
+
+        # newest first: the operator's pause, the thanks sent after its retry, the message's job, the delivery
+        order = [
+            where(None, "action", "Paused by an operator (console)"),
+            where(send, None, "done after 2 attempt(s)"),
+            where(send, "attempt", "attempt 1: retry"),
+            where(first, "done", "done after 1 attempt(s)"),
+            where(first, "job", f"created by event {event_id}"),
+            where(None, "event", f"event {event_id} from telegram"),
+        ]
+        assert order == sorted(order), rows
+        assert "Internal Server Error" in rows[order[2]][4]
+        assert order[2] < where(send, "job", "created") < order[4]
+        assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage", chat_id=31)] == ["thanks", "thanks"]
+        await browser.press("Resume")
+        await browser.wait_for_text("Resumed: its jobs run again.")

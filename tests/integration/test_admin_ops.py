@@ -300,13 +300,8 @@ async def test_reschedule_a_pending_job_clears_its_retry_delay(app: RunningApp, 
 async def test_cancel_a_running_job_stops_its_handler_no_retry_no_alert(
     dsn: str, db: Any, telegram_stub: Any
 ) -> None:
-    handler, ended = sleeping_handler()
     started = trio.Event()
-
-    async def slow(ctx: Any, job: Any) -> None:
-        started.set()
-        await handler(ctx, job)
-
+    slow, ended = sleeping_handler(started)
     # the default lease (60 s: renewed every 20 s); the cancel's NOTIFY asks for a renewal at once
     settings = service_settings(dsn, telegram_stub.url)
     assert settings.job_lease_seconds == 60

@@ -27,12 +27,14 @@ async def complete(store: JobStore, job: Job) -> bool:
     return job.id in await store.complete_many([job])
 
 
-def sleeping_handler() -> tuple[Callable[[Any, Job], Awaitable[None]], list[str]]:
-    """A handler that sleeps 100 s, and the list it appends how it ended to: "returned", or
-    "cancelled" (the worker stopped it)."""
+def sleeping_handler(started: trio.Event | None = None) -> tuple[Callable[[Any, Job], Awaitable[None]], list[str]]:
+    """A handler that sleeps 100 s (setting ``started`` first, when given), and the list it appends
+    how it ended to: "returned", or "cancelled" (the worker stopped it)."""
     ended: list[str] = []
 
     async def long(ctx: Any, job: Job) -> None:
+        if started is not None:
+            started.set()
         try:
             await trio.sleep(100)
             ended.append("returned")
