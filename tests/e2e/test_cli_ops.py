@@ -410,3 +410,14 @@ async def test_recipient_pause_resume_and_purge(dsn, db, tmp_path):
     purged = await autom("recipient", "purge", "555", env=env_for(dsn), cwd=tmp_path)
     assert purged.returncode == 0 and "2 pending job(s) cancelled" in purged.stdout
     assert await db.fetch_val("select status from jobs where id = %s", [job]) == "cancelled"
+
+
+async def test_a_recipient_with_a_slash_in_its_id_from_the_shell(dsn, db, tmp_path):
+    store = JobStore(db)
+    job = await store.enqueue(NewJob("site.form", {"n": 1}, recipient="site:/contact"))
+    paused = await autom("recipient", "pause", "site:/contact", env=env_for(dsn), cwd=tmp_path)
+    assert paused.returncode == 0 and "recipient site:/contact is paused" in paused.stdout, paused.stderr
+    listed = await autom("jobs", "--recipient", "site:/contact", "--json", env=env_for(dsn), cwd=tmp_path)
+    assert listed.returncode == 0 and [j["id"] for j in json.loads(listed.stdout)] == [job], listed.stdout
+    purged = await autom("recipient", "purge", "site:/contact", env=env_for(dsn), cwd=tmp_path)
+    assert purged.returncode == 0 and "1 pending job(s) cancelled" in purged.stdout
