@@ -13,26 +13,31 @@ What one run does:
    over the last 7 days, about 6,000 in the last hour; then ``vacuum analyze``;
 3. serves the real HTTP app (``create_app``, ``serve_http``) on 127.0.0.1, logs in
    to the console as a person would (POST /ui/login with ADMIN_TOKEN) and fetches
-   each page ``--requests`` times after one warm-up, one request at a time, timing
-   the whole answer (httpx, on this machine).
+   the pages round-robin (each round every page once; one warm-up round, then
+   ``--requests`` rounds), one request at a time, timing the whole answer (httpx, on
+   this machine): the load of a shared machine falls on every page alike.
 
 Pages: the overview; the jobs list unfiltered; the failed jobs of every kind and of
 one kind; the done jobs of one kind (a count far past the cap: "about N"); one
 recipient's jobs; a kind's page deep in the table (keyset ``before`` at the middle
 id); a recipient's timeline (its page); the bulk retry's confirm page for one kind;
 the events list; the audit trail (2,000 actions, a few on the timeline's recipient).
-Target: every page under 200 ms (p95). Every result is one JSON line (stdout and
-``--out``), with the load average.
+The "(baseline)" pages are pages of these with the console's counting turned off
+in-process (the overview without estimates, lists without "N job(s) match"), in the
+same rounds: their ratio is what counting costs. Target: every page under 200 ms
+(p95). Every result is one JSON line (stdout and ``--out``), with the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -134,7 +139,6 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
     """Serve the app, log in, time each page ``requests`` times (after one warm-up)."""
     import httpx
     import trio
-
     from autom.config import Settings
     from autom.db import open_database
     from autom.deps import Deps
@@ -156,6 +160,36 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
         "events": "/ui/events",
         "audit": "/ui/audit",
     }
+    from autom import ops
+    from autom.ops import Operations
+
+    @contextlib.contextmanager
+    def no_estimates() -> Iterator[None]:
+        saved = ops.MAX_ESTIMATES
+        ops.MAX_ESTIMATES = 0
+        try:
+            yield
+        finally:
+            ops.MAX_ESTIMATES = saved
+
+    @contextlib.contextmanager
+    def no_count() -> Iterator[None]:
+        async def none(*_: Any, **__: Any) -> None:
+            raise ops.QueryError("counting turned off by the bench")
+
+        saved = Operations.count_jobs
+        Operations.count_jobs = none  # type: ignore[method-assign,assignment]
+        try:
+            yield
+        finally:
+            Operations.count_jobs = saved  # type: ignore[method-assign]
+
+    baselines = {
+        "overview (baseline: no estimates, '1,000+')": ("/ui/", no_estimates),
+        "failed jobs of one kind (baseline: no count)": (pages["failed jobs of one kind"], no_count),
+        "done jobs of one kind (baseline: no count)": (pages["done jobs of one kind"], no_count),
+        "jobs, no filter (baseline: no count)": (pages["jobs, no filter"], no_count),
+    }
     results = []
     async with open_database(dsn, min_size=2, max_size=8) as db:
         deps = Deps(settings=settings, db=db, store=JobStore(db), sources=enabled_sources(settings), telegram=None)
@@ -165,22 +199,33 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
             async with httpx.AsyncClient(base_url=urls[0], timeout=30.0) as client:
                 login = await client.post("/ui/login", data={"token": TOKEN})
                 assert login.status_code == 303, login.text
-                for name, path in pages.items():
-                    warm = await client.get(path)
-                    assert warm.status_code == 200, (path, warm.status_code, warm.text[:300])
-                    times = []
-                    for _ in range(requests):
-                        started = time.perf_counter()
-                        response = await client.get(path)
-                        times.append((time.perf_counter() - started) * 1000)
-                        assert response.status_code == 200, (path, response.status_code)
-                    times.sort()
+                # round-robin: each round fetches every page once, so a load that comes and goes on
+                # this shared machine falls on every page alike; the "(baseline)" pages are the same
+                # page with the console's counting turned off (no estimate, no count), for the ratio
+                variants = {**{name: (path, None) for name, path in pages.items()}, **baselines}
+                times: dict[str, list[float]] = {name: [] for name in variants}
+                warm: dict[str, httpx.Response] = {}
+                for round_ in range(requests + 1):
+                    for name, (path, patch) in variants.items():
+                        with patch() if patch is not None else contextlib.nullcontext():
+                            started = time.perf_counter()
+                            response = await client.get(path)
+                            took = (time.perf_counter() - started) * 1000
+                        assert response.status_code == 200, (path, response.status_code, response.text[:300])
+                        if round_ == 0:
+                            warm[name] = response  # the warm-up, not timed
+                        else:
+                            times[name].append(took)
+                for name, (path, _) in variants.items():
+                    ts = sorted(times[name])
                     rec = {
                         "system": "autom", "test": "console_page", "page": name, "path": path,
-                        "requests": requests, "p50_ms": round(statistics.median(times), 1),
-                        "p95_ms": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
-                        "max_ms": round(times[-1], 1), "bytes": len(warm.content),
-                        "capped_counts": "1,000+" in warm.text, "estimated_counts": "about " in warm.text,
+                        "requests": requests, "p50_ms": round(statistics.median(ts), 1),
+                        "p95_ms": round(ts[max(0, int(len(ts) * 0.95) - 1)], 1),
+                        "max_ms": round(ts[-1], 1), "bytes": len(warm[name].content),
+                        "capped_counts": ">1,000+<" in warm[name].text,
+                        "estimated_counts": "about " in warm[name].text,
+                        "load_1min": round(os.getloadavg()[0], 2),
                     }
                     results.append(rec)
                     log(f"{name}: p50 {rec['p50_ms']} ms, p95 {rec['p95_ms']} ms, max {rec['max_ms']} ms")
