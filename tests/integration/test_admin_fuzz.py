@@ -217,21 +217,30 @@ def route_table(document: dict[str, Any]) -> list[tuple[re.Pattern[str], dict[st
     """(path regex, {METHOD: documented statuses}) for every path of the description."""
     table = []
     for template, operations in document["paths"].items():
-        pattern = re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(template)))
+        # a recipient may hold "/" (site:/contact): its parameter takes the rest of the path
+        any_text = re.escape(template).replace(r"\{recipient\}", ".+")
+        pattern = re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", any_text))
         table.append((pattern, {m.upper(): {int(code) for code in op["responses"]} for m, op in operations.items()}))
     return table
 
 
 def expected_statuses(table: list[Any], method: str, path: str) -> set[int]:
-    """What the service may answer to ``method path`` (the decoded path the router sees)."""
-    for pattern, operations in table:
-        if pattern.fullmatch(path):
-            if method == "HEAD" and "GET" in operations:
-                return operations["GET"]
-            if method == "OPTIONS":  # answered by Quart, behind the admin auth wall (and its lockout)
-                return {200, 401, 429} if path.startswith("/admin/") else {200}
-            return operations.get(method, {405})
-    return {404}
+    """What the service may answer to ``method path`` (the decoded path the router sees).
+
+    As the router does: of the routes whose path matches (``/admin/recipients/a/pause`` is
+    both recipient "a"'s pause and recipient "a/pause"'s page), the one that takes the method;
+    405 when none does."""
+    matching = [operations for pattern, operations in table if pattern.fullmatch(path)]
+    if not matching:
+        return {404}
+    if method == "OPTIONS":  # answered by Quart, behind the admin auth wall (and its lockout)
+        return {200, 401, 429} if path.startswith("/admin/") else {200}
+    for operations in matching:
+        if method == "HEAD" and "GET" in operations:
+            return operations["GET"]
+        if method in operations:
+            return operations[method]
+    return {405}
 
 
 def fuzz_raw(document: dict[str, Any], base_url: str) -> Counter[tuple[str, str, int]]:
