@@ -139,6 +139,7 @@ async def measure(dsn: str, requests: int, middle_id: int) -> list[dict[str, Any
     """Serve the app, log in, time each page ``requests`` times (after one warm-up)."""
     import httpx
     import trio
+
     from autom.config import Settings
     from autom.db import open_database
     from autom.deps import Deps
