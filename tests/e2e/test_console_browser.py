@@ -11,8 +11,8 @@ with a cookie put back after logout).
 
 ``.ci/run`` installs Chromium and its driver when they are missing. Where no browser can
 be had these tests skip, saying why. With ``AUTOM_CONSOLE_SCREENSHOTS=<folder>`` the
-run also saves the README's screenshots (overview, a job, an event, the failed list, the bulk
-retry's confirm page, a recipient) there.
+run also saves the README's screenshots (overview, a job, the events, an event, the failed
+list, the bulk retry's confirm page, a recipient, the audit trail) there.
 
 Selenium is synchronous: its calls run in a worker thread (``Browser``) while the
 service runs in the test's trio nursery.
@@ -232,6 +232,7 @@ async def test_replay_an_event_from_its_page(driver: Any, dsn: str, db: Any, tel
         await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [first]))
         await browser.login()
         await browser.follow("Events")
+        await browser.shot("console-events.png")
         await browser.follow(str(event_id))
         page = await browser.text()
         assert '"update_id": 7' in page and "x-telegram-bot-api-secret-token" not in page
@@ -490,3 +491,6 @@ async def test_a_recipients_timeline_after_a_delivery_with_two_jobs_and_a_retry(
         assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage", chat_id=31)] == ["thanks", "thanks"]
         await browser.press("Resume")
         await browser.wait_for_text("Resumed: its jobs run again.")
+        await browser.follow("Audit")
+        assert "recipient_resume" in await browser.text()
+        await browser.shot("console-audit.png")
