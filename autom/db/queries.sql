@@ -79,8 +79,8 @@ on conflict (kind) do update set max_attempts = excluded.max_attempts, updated_a
 -- for the at-most-once kinds). %(durable)s false: the
 -- claim commits asynchronously, and the worker confirms it (confirm_claims) while its
 -- handlers start (autom/jobs/store.py: the idle path); true: the server's setting. A
--- recipient whose line has nothing due is retired by the
--- statement that ended its last claim (complete_many, settle_many: line_due), so
+-- recipient whose line has nothing due is retired as its last claim ends (retire_lines
+-- after complete_many, settle_many: line_due), so
 -- the fair walk below does not trip over it; retire_idle sweeps up the few rows
 -- those could not retire (bench/RESULTS.md, Speed round two: walking the front of
 -- the order here in every claim cost as many head probes again as the claim's own
@@ -269,9 +269,16 @@ update recipients r set next_due_at = i.next_run from idle i where r.recipient =
 -- name: complete_many
 -- Mark claims done; only a claim that still holds its lease generation counts.
 -- "more": the job's recipient has another job due now (its turn came with this
--- completion, so the worker should claim again). The recipient's row is not written:
--- the claim's walk sees that its busy_job ended (migrations/0011); it is written only
--- to retire a recipient whose line has nothing due next (line_due below).
+-- completion, so the worker should claim again); "idle": its line has nothing due now
+-- (nothing left, or a head waiting for its retry or run_at), so the recipient is to be
+-- retired (retire_lines, a statement of its own right after this one commits).
+-- Nothing here writes a recipient's row: the claim's walk sees that its busy_job ended
+-- (migrations/0011), and the intake's enqueue, which upserts the recipient's row of every
+-- job it stores, never waits for this transaction. Retiring here made it wait: the
+-- intake's batch stores updates of a chat whose last job was being completed in that
+-- instant, and its upsert waited on the row lock of this statement's retire, which
+-- itself could wait for the previous batch's durable commit (bench/RESULTS.md, "The
+-- sender's tail": Lock/transactionid behind "Mark claims done").
 -- durable false (the completer): asynchronous commit, see autom/jobs/store.py
 -- (set_config(..., true) lasts until this statement's commit). durable true (one
 -- claim inside a handler's transaction, JobStore.complete_in): the server's setting,
@@ -303,17 +310,6 @@ line as (
          limit 1
     ) h on true
 ),
-retire as (
-    -- line_due: a recipient whose next job is not due yet (or who has none) is retired
-    -- until then, so the claim's walk, which takes recipients due now, skips it. Not
-    -- when its row changed since this statement's snapshot (ver: an enqueue's job this
-    -- statement cannot see), nor behind another running job (its lease end is no
-    -- run time)
-    update recipients r set next_due_at = l.due_at
-      from line l join recipients seen on seen.recipient = l.recipient
-     where r.recipient = l.recipient and r.ver = seen.ver
-       and (l.due_at is null or (l.status = 'pending' and l.due_at > now()))
-),
 starts as (
     -- the pool's start order, recorded with its completions (starts_record); claimant
     -- NULL: nothing to record
@@ -324,8 +320,44 @@ sync as (
     select set_config('synchronous_commit',
                       case when %(durable)s then current_setting('synchronous_commit') else 'off' end, true)
 )
-select l.id, coalesce(l.due_at <= now(), false) as more
+-- idle: line_due, a recipient whose next job is not due yet (or who has none); not
+-- behind another running job (its lease end is no run time)
+select l.id, coalesce(l.due_at <= now(), false) as more,
+       case when l.recipient is not null and (l.due_at is null or (l.status = 'pending' and l.due_at > now()))
+            then l.recipient end as idle
 from line l, sync;
+
+-- name: retire_lines
+-- Retire these recipients (complete_many's "idle") until the head of their line is due,
+-- so the claim's walk, which takes recipients due now, skips them; NULL when nothing is
+-- left. Its own statement, after the completion committed: it reads the lines anew (a
+-- job enqueued since is seen), and it never waits. A row locked by someone else (the
+-- intake's enqueue adding a job to the line, a claim) is skipped, as is a row that
+-- changed since this statement's snapshot (ver: an enqueue it cannot see) or whose
+-- head is running: retire_idle, the fetcher's sweep, gets what is left. So the intake
+-- never waits for a retire longer than this statement's own run, and the retire never
+-- waits for the intake's durable commit. Asynchronous commit: a retire lost in a crash
+-- costs the claim's walk a probe until the sweep.
+with idle as (
+    select r.recipient, h.due_at
+    from recipients seen
+    left join lateral (
+        select j.due_at, j.status from jobs j
+         where j.recipient = seen.recipient and j.due_at is not null
+         order by coalesce(j.queued_at, j.run_at), j.id
+         limit 1
+    ) h on true
+    join recipients r on r.recipient = seen.recipient
+    where seen.recipient = any (%(recipients)s::text[])
+      and r.ver = seen.ver
+      and (h.due_at is null or (h.status = 'pending' and h.due_at > now()))
+      and r.next_due_at is distinct from h.due_at
+    for update of r skip locked
+),
+sync as (
+    select set_config('synchronous_commit', 'off', true)
+)
+update recipients r set next_due_at = i.due_at from idle i, sync where r.recipient = i.recipient;
 
 -- name: settle_many
 -- Every outcome of a run but "done", for many claims in one statement (the worker's

@@ -358,6 +358,9 @@ class JobStore:
         rows = await self.db.fetch_all(Q.complete_many, {**_claims(first), "durable": False,
                                                          "claimant": claimant, "upto": upto}, prepare=True)
         held, more = {row["id"] for row in rows}, any(row["more"] for row in rows)
+        idle = sorted({row["idle"] for row in rows if row["idle"] is not None})
+        if idle:
+            await self._retire(idle)
         if again:
             # two claims of one id (the older one's lease ran out while its outcome waited):
             # the statement matches each id with one lease, so the second goes on its own
@@ -365,6 +368,16 @@ class JobStore:
             held |= held_again
             more |= more_again
         return held, more
+
+    async def _retire(self, recipients: list[str]) -> None:
+        """Retire these recipients, whose lines the completion left with nothing due (``retire_lines``:
+        its own statement, so that the completion never holds a recipient's row; it skips a
+        row someone holds). Best effort: the completion is committed whatever happens here,
+        and what is not retired costs the claim's walk a probe until ``retire_idle``."""
+        try:
+            await self.db.execute(Q.retire_lines, {"recipients": recipients}, prepare=True)
+        except Exception as exc:  # the database went away after the completion: say so, go on
+            log.debug("could not retire %d recipients after their completions: %s", len(recipients), describe(exc))
 
     def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
         """What a run that ended with ``error`` does to its job (pure but for the jitter).
@@ -416,7 +429,10 @@ class JobStore:
 
     async def complete_in(self, tx: Tx, job: Job) -> bool:
         """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at
-        all); False when the claim is no longer held (the caller should roll back)."""
+        all); False when the claim is no longer held (the caller should roll back). Its
+        recipient's row is not written (the transaction may stay open for a while, and the
+        intake upserts that row): a line it leaves with nothing due is retired by
+        ``retire_idle``'s sweep, or by the completion of the recipient's next job."""
         rows = await tx.fetch_all(Q.complete_many, {**_claims([job]), "durable": True, "claimant": None, "upto": 0})
         return bool(rows)
 

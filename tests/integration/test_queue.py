@@ -450,26 +450,32 @@ async def test_a_completed_job_frees_its_recipient_without_a_write_to_its_row(db
 
 async def test_an_enqueue_during_a_completion_keeps_its_recipient_due(db):
     """The completion sees an empty line and would retire the recipient, but a job enqueued
-    meanwhile (committed after the completion's snapshot) must still run: ver tells."""
+    meanwhile (its transaction still open, holding the row) must still run: the retire
+    skips the held row instead of waiting for it (the intake's enqueue never waits for a
+    completion, nor a completion for the intake's durable commit: issue 26)."""
     store = make_store(db)
     first = await store.enqueue(NewJob("m", recipient="chat"))
     [job] = await store.claim(10)
-    outcome = {}
-
-    async def completing():
-        outcome["held"] = await store.complete_many([job])
-
-    async with trio.open_nursery() as nursery, db.transaction() as tx:
+    async with db.transaction() as tx:
         new = await store.enqueue(NewJob("m", recipient="chat"), tx)  # holds the row's lock
-        nursery.start_soon(completing)
-        # the completion's retire waits for the enqueue's row lock
-        with trio.fail_after(5):
-            while not await db.fetch_val(
-                    "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-                    " and datname = current_database()"):
-                await trio.sleep(0.02)
-    # committed: the completion went on, saw a newer ver and left the row due
-    assert outcome["held"] == {first}
+        with trio.fail_after(30):  # a hang guard: the completion and its retire do not wait for the row
+            assert await store.complete_many([job]) == {first}
+    # committed: the row was left due, and the new job runs
+    assert (await recipient_row(db, "chat"))["due"] is True
+    assert [j.id for j in await store.claim(10)] == [new]
+
+
+async def test_a_retire_sees_a_job_enqueued_after_the_completion(db):
+    """An enqueue that commits between the completion and its retire (two statements) is
+    seen by the retire, which then leaves the recipient due."""
+    store = make_store(db)
+    first = await store.enqueue(NewJob("m", recipient="chat"))
+    [job] = await store.claim(10)
+    rows = await db.fetch_all(Q.complete_many, {"ids": [job.id], "leases": [job.lease], "durable": False,
+                                                "claimant": None, "upto": 0})
+    assert [(r["id"], r["idle"]) for r in rows] == [(first, "chat")]  # the line is empty: to retire
+    new = await store.enqueue(NewJob("m", recipient="chat"))
+    assert await db.execute(Q.retire_lines, {"recipients": ["chat"]}) == 0
     assert (await recipient_row(db, "chat"))["due"] is True
     assert [j.id for j in await store.claim(10)] == [new]
 
