@@ -21,7 +21,7 @@ What it does:
 4. for each concurrency level runs ``--rounds`` alternating rounds (no-DB, then
    intake, ``--duration`` seconds each: alternating keeps the comparison fair on a
    machine that is doing other things too) and prints a table: requests/s,
-   p50/p99 latency, CPU per request of the server, of PostgreSQL (this database's
+   p50/p90/p99/max latency, CPU per request of the server, of PostgreSQL (this database's
    backends and the background processes) and of wrk, how busy the machine was
    with other work meanwhile (all cores = 100 %: the noise), intake as a share of
    the no-DB rate and the p99 ratio;
@@ -89,9 +89,9 @@ end
 
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("RESULT %d %d %d %d %d %d %d\n",
+  io.write(string.format("RESULT %d %d %d %d %d %d %d %d\n",
     summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(99), latency.max))
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
 """
 
@@ -172,6 +172,7 @@ class Run:
     non_2xx: int
     socket_errors: int
     p50_ms: float
+    p90_ms: float
     p99_ms: float
     max_ms: float
     cpu_ms_per_request: float
@@ -258,10 +259,10 @@ def run_wrk(
     # what the rest of the machine did meanwhile, as a share of all cores: the noise indicator
     others = max(0.0, busy_total - cpu_used - pg_used - wrk_used) / wall / (os.cpu_count() or 1)
     line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-    requests, duration_us, non_2xx, sock_err, p50, p99, mx = (int(x) for x in line.split()[1:])
+    requests, duration_us, non_2xx, sock_err, p50, p90, p99, mx = (int(x) for x in line.split()[1:])
     return Run(
         route=mode, senders=senders, requests=requests, seconds=duration_us / 1e6, non_2xx=non_2xx,
-        socket_errors=sock_err, p50_ms=p50 / 1000, p99_ms=p99 / 1000, max_ms=mx / 1000,
+        socket_errors=sock_err, p50_ms=p50 / 1000, p90_ms=p90 / 1000, p99_ms=p99 / 1000, max_ms=mx / 1000,
         cpu_ms_per_request=1000 * cpu_used / max(1, requests),
         pg_cpu_ms_per_request=1000 * pg_used / max(1, requests),
         wrk_cpu_ms_per_request=1000 * wrk_used / max(1, requests),
@@ -281,7 +282,8 @@ def combine(rounds: list[Run]) -> Run:
         route=rounds[0].route, senders=rounds[0].senders, requests=sum(r.requests for r in rounds),
         seconds=sum(r.seconds for r in rounds), non_2xx=sum(r.non_2xx for r in rounds),
         socket_errors=sum(r.socket_errors for r in rounds),
-        p50_ms=statistics.median(r.p50_ms for r in rounds), p99_ms=statistics.median(r.p99_ms for r in rounds),
+        p50_ms=statistics.median(r.p50_ms for r in rounds), p90_ms=statistics.median(r.p90_ms for r in rounds),
+        p99_ms=statistics.median(r.p99_ms for r in rounds),
         max_ms=max(r.max_ms for r in rounds), cpu_ms_per_request=weighted("cpu_ms_per_request"),
         pg_cpu_ms_per_request=weighted("pg_cpu_ms_per_request"),
         wrk_cpu_ms_per_request=weighted("wrk_cpu_ms_per_request"),
@@ -360,7 +362,8 @@ def drive(args: argparse.Namespace) -> int:
                     run = run_wrk(url, str(script), mode, senders, args.duration, server.pid, pg_pids, nice)
                     runs.append(run)
                     print(f"  {mode:6} c={senders:<3} round {round_no + 1}: {run.rate:7.0f}/s  "
-                          f"p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms  CPU ms/req: server "
+                          f"p50 {run.p50_ms:6.2f} ms  p90 {run.p90_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms  "
+                          f"max {run.max_ms:6.1f} ms  CPU ms/req: server "
                           f"{run.cpu_ms_per_request:.2f} postgres {run.pg_cpu_ms_per_request:.2f} "
                           f"wrk {run.wrk_cpu_ms_per_request:.2f}  other load {100 * run.others_busy:.0f} %",
                           flush=True)
@@ -379,9 +382,9 @@ def drive(args: argparse.Namespace) -> int:
               f"pool {args.pool_size} connections"
               + (f", priority raised by {args.priority}" if args.priority else ""))
         print()
-        print("| senders | route | req/s | p50 ms | p99 ms | max ms | CPU ms/req: server | postgres | wrk "
+        print("| senders | route | req/s | p50 ms | p90 ms | p99 ms | max ms | CPU ms/req: server | postgres | wrk "
               "| other load | vs no-DB rate | p99 vs no-DB |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         combined = {(senders, route): combine([r for r in runs if (r.senders, r.route) == (senders, route)])
                     for senders in levels for route in ("nodb", "intake")}
         for senders in levels:
@@ -391,7 +394,8 @@ def drive(args: argparse.Namespace) -> int:
                 share = f"{100 * r.rate / base.rate:.0f} %" if route == "intake" else ""
                 p99 = f"{r.p99_ms / base.p99_ms:.2f}×" if route == "intake" else ""
                 label = "no-DB (401)" if route == "nodb" else "intake (202)"
-                print(f"| {senders} | {label} | {r.rate:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.max_ms:.1f} | "
+                print(f"| {senders} | {label} | {r.rate:.0f} | {r.p50_ms:.2f} | {r.p90_ms:.2f} | {r.p99_ms:.2f} "
+                      f"| {r.max_ms:.1f} | "
                       f"{r.cpu_ms_per_request:.2f} | {r.pg_cpu_ms_per_request:.2f} | {r.wrk_cpu_ms_per_request:.2f} "
                       f"| {100 * r.others_busy:.0f} % | {share} | {p99} |")
         if args.out:  # one JSON line per (senders, route), for bench/speed.py
