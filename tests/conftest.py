@@ -1,7 +1,9 @@
 """Fixtures shared by every test: a real PostgreSQL, a clean database per test.
 
 Session-scoped setup is synchronous (pytest-trio allows trio fixtures only per
-function); see tests/support/pg.py for where the server comes from.
+function); see tests/support/pg.py for where the server comes from. A test's
+database is created at its start and dropped in the background after its end
+(tests/support/dropper.py says why).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
+from tests.support.dropper import Dropper
 from tests.support.fixtures_telegram import telegram_stub  # noqa: F401  (a fixture for every test)
-from tests.support.pg import PgServer, start_pg_server, temporary_database, unique_db_name
+from tests.support.pg import PgServer, start_pg_server, unique_db_name
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +24,14 @@ def pg_server() -> Iterator[PgServer]:
     server = start_pg_server()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def dropper(pg_server: PgServer) -> Iterator[Dropper]:
+    """Drops the tests' databases after them, in batches (the session's end waits for the last)."""
+    dropper = Dropper(pg_server)
+    yield dropper
+    dropper.close()
 
 
 @pytest.fixture(scope="session")
@@ -37,17 +48,19 @@ def template_db(pg_server: PgServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def dsn(pg_server: PgServer, template_db: str) -> Iterator[str]:
+def dsn(pg_server: PgServer, template_db: str, dropper: Dropper) -> Iterator[str]:
     """A clean, migrated database for this test only."""
-    with temporary_database(pg_server, template=template_db) as dsn:
-        yield dsn
+    name = unique_db_name("t")
+    yield pg_server.create_database(name, template=template_db)
+    dropper.drop_later(name)
 
 
 @pytest.fixture
-def empty_dsn(pg_server: PgServer) -> Iterator[str]:
+def empty_dsn(pg_server: PgServer, dropper: Dropper) -> Iterator[str]:
     """A clean database with no migrations applied."""
-    with temporary_database(pg_server, prefix="e") as dsn:
-        yield dsn
+    name = unique_db_name("e")
+    yield pg_server.create_database(name)
+    dropper.drop_later(name)
 
 
 @pytest.fixture

