@@ -16,6 +16,9 @@ import pytest
 from tests.support.dropper import Dropper
 from tests.support.fixtures_telegram import telegram_stub  # noqa: F401  (a fixture for every test)
 from tests.support.pg import PgServer, start_pg_server, unique_db_name
+from tests.support.tls import share_default_tls_context
+
+share_default_tls_context()  # every httpx client here speaks plain HTTP: tests/support/tls.py
 
 
 @pytest.fixture(scope="session")
