@@ -233,10 +233,13 @@ async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
     jobs += [NewJob("free") for _ in range(100)]
     await store.enqueue_many(jobs)
     done: list[int] = []
+    backdated = trio.Event()
 
     async def claimer():
         idle = 0
-        while idle < 3:
+        # three empty claims in a row end a claimer, once every job is queued (on a loaded
+        # machine all 16 could find nothing three times while the backdater still enqueues)
+        while idle < 3 or not backdated.is_set():
             batch = await store.claim(5)
             if not batch:
                 idle += 1
@@ -253,6 +256,7 @@ async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
         for i in range(60):
             await store.enqueue(NewJob("m", recipient=f"r{i % 20}", run_at=datetime.now(UTC) - timedelta(hours=1)))
             await trio.sleep(0.002)
+        backdated.set()
 
     async with trio.open_nursery() as nursery:
         for _ in range(16):
