@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autom.db.queries import Q
 from autom.errors import CancelJob, Defer
 from autom.jobs.models import Job, NewJob
-from autom.jobs.retry import RetryPolicy, error_text, is_final
+from autom.jobs.retry import RetryPolicy, describe, error_text, is_final
 
 if TYPE_CHECKING:
     from autom.db.bridge import Conn, Database, Tx
