@@ -1,4 +1,4 @@
--- 0030: counts past the console's cap said as an estimate ("about 45,000"), not "1,000+".
+-- 0031: counts past the console's cap said as an estimate ("about 45,000"), not "1,000+".
 --
 -- The console counts exactly up to 1,000 (a count over a limited subquery: cheap at any
 -- table size); past that it asks the planner how many rows it expects (EXPLAIN of the
