@@ -196,8 +196,8 @@ def job_started(job: Job) -> Any:
 
 
 def job_ended(started: Any, outcome: Any) -> None:
-    """End ``job_started``'s span: ``outcome`` None is done, else its ``status`` and its
-    ``settle.error`` are recorded (failed and retry: an error)."""
+    """End ``job_started``'s span: ``outcome`` (an ``autom.jobs.outcome.Outcome``) None is done,
+    else its ``status`` and its ``error`` are recorded (failed and retry: an error)."""
     if started is None or _on is None:
         return
     span, token = started
@@ -205,7 +205,7 @@ def job_ended(started: Any, outcome: Any) -> None:
     if outcome is not None:
         span.set_attribute("autom.job.outcome", outcome.status)
         if outcome.status in ("failed", "retry"):
-            error = getattr(outcome.settle, "error", None)
+            error = getattr(outcome, "error", None)
             span.set_status(_on.trace.StatusCode.ERROR, error)
     span.end()
 

@@ -61,11 +61,12 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from autom.db.queries import Q
 from autom.errors import CancelJob, Defer
 from autom.jobs.models import Job, NewJob
+from autom.jobs.outcome import DONE, Outcome, Written
 from autom.jobs.retry import RetryPolicy, describe, error_text, is_final
 
 if TYPE_CHECKING:
@@ -170,60 +171,6 @@ class Ahead:
     ticket: int
     now_n: int
     tickets: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """One outcome of a run other than "done", to be written (``JobStore.settle_many``).
-
-    ``outcome``: ``retry`` (pending at now + ``delay``, the attempt counts), ``failed``
-    (for good; its alert is recorded with it), ``released`` (pending at once, the attempt
-    not counted: shutdown) or ``deferred`` (pending at now + ``delay``, the attempt not
-    counted, no error recorded: ``Defer``) or ``cancelled`` (for good, no alert: ``CancelJob``).
-    ``error``: the one-line ``last_error``.
-    ``refused``: a deferral the remote service asked for (``Defer.refused``: Telegram's
-    429), bounded by ``JobStore.max_defer_seconds``.
-    """
-
-    job: Job
-    outcome: Literal["retry", "failed", "released", "deferred", "cancelled"]
-    error: str | None = None
-    delay: float = 0.0
-    refused: bool = False
-    #: a deferral the send limiter logged itself (``Defer.quiet``): the worker logs it at debug
-    quiet: bool = False
-    #: failed without running (attempts exhausted, an at-most-once job lost): the claim's
-    #: attempt is given back, so ``attempts`` stays the runs started
-    unrun: bool = False
-    #: the traceback of an unexpected exception (autom/worker/tracebacks.py), kept with the attempt
-    traceback: str | None = None
-    #: the lines the handler logged through ``ctx.log``, kept with the attempt
-    log: list[str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What a settled claim's job became: ``pending`` (``run_at`` = next try) or ``failed``
-    (``error``: its last_error; a refused deferral past MAX_DEFER_SECONDS fails too)."""
-
-    status: str
-    run_at: datetime | None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class FailOutcome:
-    """What ``fail`` did: ``status`` is ``pending`` (retry at ``run_at``), ``failed`` (for
-    good: alert), or ``stale`` (this claim no longer held the job: nothing changed)."""
-
-    status: Literal["pending", "failed", "stale"]
-    error: str
-    run_at: datetime | None = None
-
-    @property
-    def final(self) -> bool:
-        """True when the job failed for good by this call (exactly one caller sees this)."""
-        return self.status == "failed"
 
 
 class JobStore:
@@ -340,34 +287,86 @@ class JobStore:
         due now (see ``retire_idle`` in queries.sql); returns how many."""
         return await self.db.execute(Q.retire_idle, {"n": n}, prepare=True)
 
-    async def complete_many(self, jobs: Iterable[Job]) -> set[int]:
-        """Mark several claims done in one statement; returns the ids that were still held."""
-        held, _more = await self.complete_batch(jobs)
-        return held
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Outcome:
+        """What a run that ended with ``error`` does to its job (pure but for the jitter).
 
-    async def complete_batch(self, jobs: Iterable[Job], *,
-                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
-        """``complete_many``, and whether a recipient freed by it has another job due now
-        (then a claim can find work; otherwise these completions freed nothing to claim).
-        ``starts``: (claimant, ticket) to record with them (``record_starts``)."""
-        jobs = list(jobs)
-        if not jobs:
-            return set(), False
-        first, again = _distinct_ids(jobs)
+        ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
+        attempt given back, no error recorded (a refused one, ``Defer.refused``, fails
+        for good in ``write`` once the job's refusals have lasted
+        ``max_defer_seconds``). A ``CancelJob`` (a chat that blocked the bot):
+        ``cancelled``, whatever the attempt. A ``PermanentError`` or the last attempt:
+        ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
+        429's ``retry_after``; ``retry``: the job's kind's own policy, else the store's).
+        """
+        if isinstance(error, Defer):
+            ceiling = max(self.retry.cap, self.retry.after_ceiling)
+            return Outcome.deferred(job, error_text(error), min(error.after, ceiling), refused=error.refused,
+                                    quiet=error.quiet)
+        text = error_text(error)
+        if isinstance(error, CancelJob):
+            return Outcome.cancelled(job, text)
+        exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
+        if is_final(exc, job.attempts, job.max_attempts):
+            return Outcome.failed(job, text)
+        return Outcome.retry(job, text, (retry or self.retry).delay_for(exc, job.attempts, self._rand))
+
+    async def write(self, outcomes: Sequence[Outcome], *, tx: Tx | None = None,
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
+        """Record ``outcomes``, each only if its claim still holds the job (the fence: id, lease,
+        status running); a claim no longer held changes nothing.
+
+        Returns what the job of each held claim became, by id (a claim not held is missing),
+        and whether a recipient these outcomes freed may have its next job due now (a claim
+        may then find work). ``tx``: inside the caller's transaction, which commits or rolls
+        back the outcomes with its own writes (a handler's "done"). Without it, the "done"
+        outcomes are one statement committed asynchronously (the module docstring) and the
+        others one statement committed durably, each on its own. ``starts``: (claimant,
+        ticket) of a pool's start order, recorded with them (``record_starts``).
+        Raises what the statements raise (``QueryError``, ``DatabaseUnavailable``).
+        """
+        done = [o for o in outcomes if o.status == "done"]
+        others = [o for o in outcomes if o.status != "done"] if len(done) < len(outcomes) else []
+        written: dict[int, Written] = {}
+        more = False
+        if done:
+            more = await self._write_done(done, tx, starts, written)
+        elif starts is not None:
+            await self.record_starts(*starts)
+        if others:
+            await self._write_others(others, tx, written)
+            # a failed or waiting job frees its recipient too (its next job may be due)
+            more = more or any(o.job.recipient is not None for o in others)
+        return written, more
+
+    async def _write_done(self, done: list[Outcome], tx: Tx | None, starts: tuple[int, int] | None,
+                          written: dict[int, Written]) -> bool:
+        """The "done" outcomes (``complete_many``), then the run logs of those that have one."""
+        first, again = _distinct_ids(done)
         claimant, upto = starts if starts is not None else (None, 0)
-        rows = await self.db.fetch_all(Q.complete_many, {**_claims(first), "durable": False,
-                                                         "claimant": claimant, "upto": upto}, prepare=True)
-        held, more = {row["id"] for row in rows}, any(row["more"] for row in rows)
-        idle = sorted({row["idle"] for row in rows if row["idle"] is not None})
-        if idle:
-            await self._retire(idle)
+        params = {**_claims([o.job for o in first]), "durable": tx is not None, "claimant": claimant, "upto": upto}
+        if tx is None:
+            rows = await self.db.fetch_all(Q.complete_many, params, prepare=True)
+        else:
+            rows = await tx.fetch_all(Q.complete_many, params)
+        more = False
+        for row in rows:
+            written[row["id"]] = DONE
+            more = more or row["more"]
+        if tx is None:
+            # in a caller's transaction (which may stay open a while, and the intake upserts
+            # that row) a line left with nothing due waits for retire_idle's sweep instead
+            idle = sorted({row["idle"] for row in rows if row["idle"] is not None})
+            if idle:
+                await self._retire(idle)
+        logged = [o for o in first if o.log is not None and o.job.id in written]
+        if logged:  # only runs whose handler used ctx.log: the usual "done" writes nothing more
+            logs = {**_claims([o.job for o in logged]), "logs": [json.dumps(o.log) for o in logged]}
+            await (self.db.execute(Q.save_run_logs, logs) if tx is None else tx.execute(Q.save_run_logs, logs))
         if again:
             # two claims of one id (the older one's lease ran out while its outcome waited):
             # the statement matches each id with one lease, so the second goes on its own
-            held_again, more_again = await self.complete_batch(again)
-            held |= held_again
-            more |= more_again
-        return held, more
+            more |= await self._write_done(again, tx, None, written)
+        return more
 
     async def _retire(self, recipients: list[str]) -> None:
         """Retire these recipients, whose lines the completion left with nothing due (``retire_lines``:
@@ -379,75 +378,26 @@ class JobStore:
         except Exception as exc:  # the database went away after the completion: say so, go on
             log.debug("could not retire %d recipients after their completions: %s", len(recipients), describe(exc))
 
-    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
-        """What a run that ended with ``error`` does to its job (pure but for the jitter).
-
-        ``Defer(after=s)``: back after ``s`` seconds (capped like a 429's wait), the
-        attempt given back, no error recorded (a refused one, ``Defer.refused``, fails
-        for good in ``settle_many`` once the job's refusals have lasted
-        ``max_defer_seconds``). A ``CancelJob`` (a chat that blocked the bot):
-        ``cancelled``, whatever the attempt. A ``PermanentError`` or the last attempt:
-        ``failed``. Anything else: a retry after ``RetryPolicy.delay_for`` (at least a
-        429's ``retry_after``; ``retry``: the job's kind's own policy, else the store's).
-        """
-        if isinstance(error, Defer):
-            ceiling = max(self.retry.cap, self.retry.after_ceiling)
-            return Settle(job, "deferred", error_text(error), min(error.after, ceiling), refused=error.refused,
-                          quiet=error.quiet)
-        text = error_text(error)
-        if isinstance(error, CancelJob):
-            return Settle(job, "cancelled", text)
-        exc: BaseException = error if isinstance(error, BaseException) else Exception(error)
-        if is_final(exc, job.attempts, job.max_attempts):
-            return Settle(job, "failed", text)
-        return Settle(job, "retry", text, (retry or self.retry).delay_for(exc, job.attempts, self._rand))
-
-    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
-        """Write every outcome but "done" for many claims in one statement (fenced by lease
-        generation); returns {id: what it became} for the claims that were still held."""
-        if not items:
-            return {}
+    async def _write_others(self, others: list[Outcome], tx: Tx | None, written: dict[int, Written]) -> None:
+        """Every outcome but "done" (``settle_many``, one statement)."""
         params = {
-            "ids": [i.job.id for i in items],
-            "leases": [i.job.lease for i in items],
-            "outcomes": [i.outcome for i in items],
-            "errors": [i.error for i in items],
-            "delays": [i.delay for i in items],
-            "refused": [i.refused for i in items],
-            "unrun": [i.unrun for i in items],
-            "tracebacks": [i.traceback for i in items],
-            "logs": [None if i.log is None else json.dumps(i.log) for i in items],
+            "ids": [o.job.id for o in others],
+            "leases": [o.job.lease for o in others],
+            "outcomes": [o.status for o in others],
+            "errors": [o.error for o in others],
+            "delays": [o.delay for o in others],
+            "refused": [o.refused for o in others],
+            "unrun": [o.unrun for o in others],
+            "tracebacks": [o.traceback for o in others],
+            "logs": [None if o.log is None else json.dumps(o.log) for o in others],
             "max_defer": self.max_defer_seconds,
         }
-        rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)
-        return {row["id"]: Settled(row["status"], row["run_at"], row["last_error"]) for row in rows}
-
-    async def save_run_logs(self, jobs: Sequence[Job], logs: Sequence[list[str]]) -> None:
-        """Keep the lines the handlers of these claims, just written done, logged (``ctx.log``) on
-        the job row (only runs that logged a line: the usual "done" writes nothing more)."""
-        await self.db.execute(Q.save_run_logs, {**_claims(jobs), "logs": [json.dumps(x) for x in logs]})
-
-    async def complete_in(self, tx: Tx, job: Job) -> bool:
-        """Mark this claim done inside ``tx`` (commits with the caller's own writes, or not at
-        all); False when the claim is no longer held (the caller should roll back). Its
-        recipient's row is not written (the transaction may stay open for a while, and the
-        intake upserts that row): a line it leaves with nothing due is retired by
-        ``retire_idle``'s sweep, or by the completion of the recipient's next job."""
-        rows = await tx.fetch_all(Q.complete_many, {**_claims([job]), "durable": True, "claimant": None, "upto": 0})
-        return bool(rows)
-
-    async def fail(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> FailOutcome:
-        """Record a failed attempt now: retry later with backoff, or fail for good (see ``decide``).
-
-        Nothing changes when this claim no longer holds the job (``stale``).
-        """
-        return await self._settle_one(self.decide(job, error, retry=retry))
-
-    async def _settle_one(self, item: Settle) -> FailOutcome:
-        done = (await self.settle_many([item])).get(item.job.id)
-        if done is None:
-            return FailOutcome("stale", item.error or "")
-        return FailOutcome("failed" if done.status == "failed" else "pending", item.error or "", done.run_at)
+        if tx is None:
+            rows = await self.db.fetch_all(Q.settle_many, params, prepare=True)
+        else:
+            rows = await tx.fetch_all(Q.settle_many, params)
+        for row in rows:
+            written[row["id"]] = Written(row["status"], row["run_at"], row["last_error"])
 
     async def renew(self, jobs: Iterable[Job]) -> dict[int, datetime]:
         """Extend the leases of these claims; returns {id: new locked_until} for those still held."""
@@ -458,25 +408,21 @@ class JobStore:
         rows = await self.db.fetch_all(Q.renew_many, params, prepare=True)
         return {row["id"]: row["locked_until"] for row in rows}
 
-    async def release(self, jobs: Iterable[Job], reason: str | None = None) -> set[int]:
-        """Put unfinished claims back to pending now, not counting the interrupted attempt."""
-        return set(await self.settle_many([Settle(j, "released", reason) for j in jobs]))
-
     async def get(self, job_id: int) -> dict[str, Any] | None:
         """One job row as a dict, or None."""
         return await self.db.fetch_one(Q.get_job, {"id": job_id})
 
 
-def _distinct_ids(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
-    """``jobs`` split into the first claim of each id and the rest (nearly always empty)."""
-    if len({j.id for j in jobs}) == len(jobs):
-        return jobs, []
+def _distinct_ids(outcomes: list[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
+    """``outcomes`` split into the first claim of each id and the rest (nearly always empty)."""
+    if len({o.job.id for o in outcomes}) == len(outcomes):
+        return outcomes, []
     seen: set[int] = set()
-    first: list[Job] = []
-    again: list[Job] = []
-    for job in jobs:
-        (again if job.id in seen else first).append(job)
-        seen.add(job.id)
+    first: list[Outcome] = []
+    again: list[Outcome] = []
+    for outcome in outcomes:
+        (again if outcome.job.id in seen else first).append(outcome)
+        seen.add(outcome.job.id)
     return first, again
 
 

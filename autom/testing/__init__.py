@@ -51,6 +51,7 @@ from autom.db.queries import Q
 from autom.db.scratch import PgServer, start_pg_server, temporary_database
 from autom.deps import Deps
 from autom.jobs.models import NewJob
+from autom.jobs.outcome import Outcome
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.schedule import process_zone
@@ -223,7 +224,7 @@ class Testbed:
                         else:
                             others.append(job)
                 if others:
-                    await store.release(others)
+                    await store.write([Outcome.released(job) for job in others])
                 if mine is None:
                     await trio.sleep(0.02)
         if mine is None:

@@ -28,7 +28,8 @@ show a handler how long it has.
 seconds, the attempt not counted, no error recorded, no alert.
 """
 
-from autom.worker.completer import Completer, Outcome, QueueStore
+from autom.jobs.outcome import Outcome
+from autom.worker.completer import Completer, QueueStore
 from autom.worker.pool import WorkerPool
 from autom.worker.run import Run, lease_margin
 

@@ -3,8 +3,8 @@
 River's executor/completer split (``internal/jobcompleter``): the runners only
 report how a run ended (``report``); this one task writes it, batched:
 
-- ``done``: ``complete_batch`` (one statement for every finished run in the batch);
-- ``retry``, ``failed``, ``released``, ``deferred``, ``cancelled``: ``settle_many`` (one statement);
+- every ``Outcome`` (autom/jobs/outcome.py) through ``JobStore.write``: the "done"
+  outcomes of a batch in one statement, the others in another;
 - and between flushes, every ``lease/3``, the renewal of every claim still held
   (queued, running, or finished but not yet written);
 - the pool's start order (``started``): the highest ticket whose run started, with
@@ -25,31 +25,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from autom.bells import Doorbell
 from autom.errors import QueryError
 from autom.jobs.retry import RetryPolicy, describe
-from autom.jobs.store import Ahead, Settle, Settled
+from autom.jobs.store import Ahead
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from autom.db.bridge import Tx
     from autom.jobs.models import Job
+    from autom.jobs.outcome import Outcome, Written
     from autom.jobs.retry import RetryPolicy
-    from autom.worker.pool import Run
+    from autom.worker.run import Run
 
 log = logging.getLogger("autom.worker")
 
 #: how long the last flush at shutdown may take (shielded)
 CLEANUP_SECONDS = 5.0
-
-Status = Literal["done", "retry", "failed", "released", "deferred", "cancelled"]
-
-_DONE = Settled("done", None)
 
 
 class QueueStore(Protocol):
@@ -79,36 +76,19 @@ class QueueStore(Protocol):
         """Sweep: retire recipients whose line has nothing due (the fetcher, going idle)."""
         ...
 
-    async def complete_batch(self, jobs: Sequence[Job], *,
-                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
-        """Mark claims done (and record ``starts``); (ids still held, whether a freed recipient
-        has its next job due)."""
-        ...
-
-    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
-        """Write the other outcomes; {id: what it became} for the claims still held."""
-        ...
-
-    async def save_run_logs(self, jobs: Sequence[Job], logs: Sequence[list[str]]) -> None:
-        """Keep the lines these claims' handlers logged (``ctx.log``) with their "done" attempt."""
+    async def write(self, outcomes: Sequence[Outcome], *, tx: Tx | None = None,
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
+        """Record outcomes of claims still held (and ``starts``); (what each held claim's job became,
+        whether a recipient they freed may have its next job due)."""
         ...
 
     async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
         """Extend the unexpired leases of these claims; {id: new end} for those still held."""
         ...
 
-    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Outcome:
         """The outcome of a run that raised ``error`` (``retry``: its kind's backoff, if it has one)."""
         ...
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How one run ended, as a runner reports it."""
-
-    run: Run
-    status: Status
-    settle: Settle | None = None  # every status but "done"
 
 
 class Hooks(Protocol):
@@ -126,16 +106,16 @@ class Hooks(Protocol):
         """``run``'s claim is no longer held: stop it, drop it."""
         ...
 
-    def written(self, outcome: Outcome, settled: Settled | None) -> None:
-        """``outcome`` is recorded (``settled`` None: its claim had been lost, nothing changed)."""
+    def written(self, run: Run, outcome: Outcome, result: Written | None) -> None:
+        """``run``'s ``outcome`` is recorded (``result`` None: its claim had been lost, nothing changed)."""
         ...
 
     def flushed(self, freed: bool) -> None:
         """A flush ended; ``freed``: a recipient it freed has its next job due now."""
         ...
 
-    def dropped(self, outcome: Outcome) -> None:
-        """``outcome`` could not be written and never will be: forget its run."""
+    def dropped(self, run: Run, outcome: Outcome) -> None:
+        """``run``'s ``outcome`` could not be written and never will be: forget the run."""
         ...
 
 
@@ -150,7 +130,7 @@ class Completer:
                  clock: Callable[[], float] = trio.current_time) -> None:
         self._store = store
         self._hooks = hooks
-        self._pending: list[Outcome] = []
+        self._pending: list[tuple[Run, Outcome]] = []
         self._bell = Doorbell()
         self._renew_every = max(0.05, renew_every)
         self._clock = clock
@@ -166,6 +146,7 @@ class Completer:
         self._carry: tuple[int, int] | None = None
         self.starts_written = 0
         self._starts_bell = Doorbell()
+        self._live = False  # the task runs and has not drained: a report is written by it
 
     def started(self, claimant: int, ticket: int) -> None:
         """Runs up to ``ticket`` of the pool ``claimant`` have started: record it soon."""
@@ -184,10 +165,17 @@ class Completer:
         self._renew_asked = True
         self._bell.set()
 
-    def report(self, outcome: Outcome) -> None:
-        """Queue ``outcome`` for writing (the runner is free at once)."""
-        self._pending.append(outcome)
+    def report(self, run: Run, outcome: Outcome) -> None:
+        """Queue ``run``'s ``outcome`` for writing (the runner is free at once)."""
+        self._pending.append((run, outcome))
         self._bell.set()
+
+    async def hand_in(self, run: Run, outcome: Outcome) -> None:
+        """``report`` from outside the pool's tasks: while this writer's task is not running
+        (before it starts, after its drain) the outcome is written now, as ``drain`` writes."""
+        self.report(run, outcome)
+        if not self._live:
+            await self.drain()
 
     @property
     def pending(self) -> int:
@@ -196,6 +184,7 @@ class Completer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write and renew forever (cancel it after ``drain``)."""
+        self._live = True
         task_status.started()
         next_renew = self._clock() + self._renew_every
         backoff = 0.2
@@ -271,14 +260,14 @@ class Completer:
         self.starts_written = max(self.starts_written, starts[1])
         self._starts_bell.set()
 
-    async def _write_batch(self, batch: list[Outcome]) -> None:
+    async def _write_batch(self, batch: list[tuple[Run, Outcome]]) -> None:
         if not batch:
             return
-        # two statements: "done" for every completion, settle_many for the rest; each
-        # group is written (and reported) on its own, so a failure of the second does
-        # not put the first back to be written twice
-        groups = [g for g in ([o for o in batch if o.status == "done"],
-                              [o for o in batch if o.status != "done"]) if g]
+        # the "done" outcomes and the rest are two statements: each group is written (and
+        # reported) on its own, so a failure of the second does not put the first back to
+        # be written twice
+        groups = [g for g in ([p for p in batch if p[1].status == "done"],
+                              [p for p in batch if p[1].status != "done"]) if g]
         freed = False
         try:
             for index, group in enumerate(groups):
@@ -291,7 +280,7 @@ class Completer:
             self._hooks.flushed(freed)  # what was written may have freed a recipient, even so
         self.flushes += 1
 
-    async def _write_group(self, group: list[Outcome]) -> bool:
+    async def _write_group(self, group: list[tuple[Run, Outcome]]) -> bool:
         """Write ``group`` in one statement; if PostgreSQL refuses it for good (one outcome
         poisons it), one by one, dropping only the refused ones. Raises (nothing written of
         what is left) on any other error. Returns whether it freed a recipient."""
@@ -301,51 +290,41 @@ class Completer:
             if exc.transient:
                 raise
             if len(group) == 1:
-                self._drop(group[0], exc)
+                self._drop(*group[0], exc)
                 return False
         freed = False
-        for index, outcome in enumerate(group):
+        for index, pair in enumerate(group):
             try:
-                freed |= await self._write([outcome])
+                freed |= await self._write([pair])
             except QueryError as exc:
                 if exc.transient:
                     del group[:index]  # written already: the caller puts back the rest
                     raise
-                self._drop(outcome, exc)
+                self._drop(*pair, exc)
             except BaseException:
                 del group[:index]
                 raise
         return freed
 
-    async def _write(self, group: list[Outcome]) -> bool:
+    async def _write(self, group: list[tuple[Run, Outcome]]) -> bool:
         """Write outcomes of one kind (all "done", or none) and report them to the pool."""
-        if group[0].status == "done":
-            starts = self._carry
-            if starts is None:
-                held, more = await self._store.complete_batch([o.run.job for o in group])
-            else:
-                held, more = await self._store.complete_batch([o.run.job for o in group], starts=starts)
-                self._recorded(starts)
-            logged = [o.run for o in group if o.run.log is not None and o.run.job.id in held]
-            if logged:  # only runs whose handler used ctx.log: the usual "done" writes nothing more
-                await self._store.save_run_logs([r.job for r in logged], [r.log.lines for r in logged if r.log])
-            for o in group:
-                self._hooks.written(o, _DONE if o.run.job.id in held else None)
-            return more
-        settled = await self._store.settle_many([o.settle for o in group if o.settle is not None])
-        for o in group:
-            self._hooks.written(o, settled.get(o.run.job.id))
-        # a failed or waiting job freed its recipient too (its next job may be due)
-        return any(o.run.job.recipient is not None for o in group)
+        starts = self._carry if group[0][1].status == "done" else None  # the start order goes with "done"
+        written, more = await self._store.write([o for _, o in group], starts=starts)
+        if starts is not None:
+            self._recorded(starts)
+        for run, outcome in group:
+            self._hooks.written(run, outcome, written.get(outcome.job.id))
+        return more
 
-    def _drop(self, outcome: Outcome, exc: QueryError) -> None:
-        job = outcome.run.job
+    def _drop(self, run: Run, outcome: Outcome, exc: QueryError) -> None:
+        job = outcome.job
         log.error("could not record the %s of job %d (SQLSTATE %s); it runs again when its lease runs out",
                   outcome.status, job.id, exc.sqlstate or "none", extra={"job_id": job.id, "kind": job.kind})
-        self._hooks.dropped(outcome)
+        self._hooks.dropped(run, outcome)
 
     async def drain(self) -> None:
-        """Write what is still pending (shielded, bounded): called once at shutdown."""
+        """Write what is still pending (shielded, bounded): at shutdown; the task writes no more."""
+        self._live = False
         with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
             while self._pending or self._flushing.locked():
                 try:

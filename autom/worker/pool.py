@@ -57,9 +57,10 @@ from autom.deps import Deps
 from autom.errors import JobError, PermanentError, TransientError
 from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.models import Job
+from autom.jobs.outcome import Outcome, Written
 from autom.jobs.retry import describe
-from autom.jobs.store import Ahead, Settle, Settled
-from autom.worker.completer import CLEANUP_SECONDS, Completer, Outcome, QueueStore, Status, wall_delay
+from autom.jobs.store import Ahead
+from autom.worker.completer import CLEANUP_SECONDS, Completer, QueueStore, wall_delay
 from autom.worker.run import Run, lease_margin
 from autom.worker.tracebacks import traceback_text, user_frame
 
@@ -413,7 +414,7 @@ class WorkerPool:
         for run in runs:
             run.state = "finishing"
             self._finishing[run.key] = run
-            self._completer.report(Outcome(run, "released", Settle(run.job, "released", None)))
+            self._completer.report(run, Outcome.released(run.job))
         if runs:
             log.info("giving back %d claimed jobs not started before shutdown", len(runs))
 
@@ -437,8 +438,11 @@ class WorkerPool:
 
     async def give_back(self, job: Job) -> None:
         """Put a claimed job no runner started back to pending at once, the attempt not counted
-        (as ``_give_back_queued`` does at shutdown)."""
-        await self.store.settle_many([Settle(job, "released", None)])
+        (as ``_give_back_queued`` does at shutdown): reported to the writer, which writes it
+        with its next flush, or now when the pool is not running."""
+        run = Run(job, trio.current_time() + self.lease_seconds - self._margin, self.store)
+        run.state = "finishing"
+        await self._completer.hand_in(run, Outcome.released(job))
 
     # -- running ---------------------------------------------------------------------
 
@@ -515,12 +519,11 @@ class WorkerPool:
                         # (LeaseLost: nothing committed, the claim is gone)
                         await state.commit()
                 except Exception as exc:
-                    settle = self.store.decide(job, exc, retry=spec.retry)
+                    outcome = self.store.decide(job, exc, retry=spec.retry)
                     if not isinstance(exc, JobError) or run.log is not None:
-                        settle = _with_details(settle, exc, run)
-                    if spec.at_most_once and settle.outcome == "retry":
-                        settle = dataclasses.replace(settle, outcome="failed", delay=0.0)  # never run twice
-                    outcome = Outcome(run, _status(settle), settle)
+                        outcome = _with_details(outcome, exc, run)
+                    if spec.at_most_once and outcome.status == "retry":
+                        outcome = dataclasses.replace(outcome, status="failed", delay=0.0)  # never run twice
                 finally:
                     tracing.job_ended(traced, outcome)
                     if state is not None and state.tx is not None and state.tx.opened:
@@ -535,12 +538,12 @@ class WorkerPool:
                     done.inc()
                     if log.isEnabledFor(logging.INFO):
                         log.info("job done", extra={**_context(job), "duration_ms": round(duration * 1000, 1)})
-                    if run.settled:
+                    if run.state == "written":
                         # the handler's own transaction marked it done (Run.complete_in)
                         self._forget(run)
                         self.deps.doorbell.set()  # its follow-ups, or its recipient's next job, may be due
                         return
-                    outcome = Outcome(run, "done")
+                    outcome = Outcome.done(job, None if run.log is None else run.log.lines)
                 else:
                     self.deps.metrics.job_seconds.labels(job.kind).observe(duration)
         except trio.Cancelled:
@@ -550,20 +553,20 @@ class WorkerPool:
                 self._drop(run, "claim lost (another claim holds the job, or this one was never stored); "
                                 "stopped the handler" if run.lost else
                                 "lease could not be renewed; stopped the handler before its lease ran out")
-            elif not run.settled and called and spec is not None and spec.at_most_once:
+            elif run.state != "written" and called and spec is not None and spec.at_most_once:
                 # hard shutdown cut an at-most-once run short: whatever it did may have
                 # happened, so it is not run again; failed, with its alert
                 outcome = self._failed(run, INTERRUPTED_AT_MOST_ONCE)
-            elif not run.settled:
+            elif run.state != "written":
                 # hard shutdown: give the job back now instead of waiting for its lease
-                outcome = Outcome(run, "released", Settle(job, "released", "interrupted by shutdown"))
+                outcome = Outcome.released(job, "interrupted by shutdown")
             raise
         finally:
             del self.running[run.key]
             if outcome is not None:
                 run.state = "finishing"
                 self._finishing[run.key] = run
-                self._completer.report(outcome)
+                self._completer.report(run, outcome)
             if self._wants_room and self._may_claim():
                 self._slots.set()
 
@@ -602,7 +605,7 @@ class WorkerPool:
         await self._completer.drain()
 
     def _failed(self, run: Run, error: str, *, unrun: bool = False) -> Outcome:
-        return Outcome(run, "failed", Settle(run.job, "failed", error, unrun=unrun))
+        return Outcome.failed(run.job, error, unrun=unrun)
 
     # -- the writer's hooks (completer.Hooks) ------------------------------------------
 
@@ -636,28 +639,28 @@ class WorkerPool:
         if self._by_id.get(run.job.id) is run:
             del self._by_id[run.job.id]
 
-    def written(self, outcome: Outcome, settled: Settled | None) -> None:
-        """Log and count an outcome the writer recorded (``settled`` None: the claim was lost)."""
-        run, status = outcome.run, outcome.status
+    def written(self, run: Run, outcome: Outcome, result: Written | None) -> None:
+        """Log and count ``run``'s outcome, now recorded (``result`` None: the claim was lost)."""
+        status = outcome.status
         self._forget(run)
         run.state = "written"
-        if status == "done" and settled is not None:
+        if status == "done" and result is not None:
             return  # the common case: nothing more to say
         job = run.job
         context = _context(job)
         if status == "done":
             log.warning("job finished but its lease was lost; another claim owns it now", extra=context)
             return
-        error = outcome.settle.error if outcome.settle is not None else None
-        if settled is None:
+        error = outcome.error
+        if result is None:
             log.warning("job %s but its lease was lost: %s", status, error, extra=context)
             return
-        if settled.status == "failed" and status == "deferred":
+        if result.status == "failed" and status == "deferred":
             # refused (Telegram's 429) for longer than MAX_DEFER_SECONDS: failed for good
-            status, error = "failed", settled.error
+            status, error = "failed", result.error
         self.deps.metrics.job_attempts.labels(job.kind, status).inc()
-        if outcome.settle is not None and outcome.settle.traceback is not None:
-            context["traceback"] = outcome.settle.traceback  # a field of the JSON line
+        if outcome.traceback is not None:
+            context["traceback"] = outcome.traceback  # a field of the JSON line
         if status == "failed":
             log.error("job failed for good: %s", error, extra=context)
             # the failure recorded its alert (the outbox, autom/alerts.py): wake the sender
@@ -667,14 +670,13 @@ class WorkerPool:
         elif status == "released":
             log.warning("job interrupted by shutdown; put back to pending", extra=context)
         else:
-            delay = wall_delay(settled.run_at)
+            delay = wall_delay(result.run_at)
             self._next_local_due = min(self._next_local_due, trio.current_time() + delay)
             if status == "retry":
                 log.warning("job failed, retrying in %.1fs: %s", delay, error,
                             extra={**context, "delay_s": round(delay, 3)})
             else:  # a send limiter's wait is counted and logged by the limiter (Defer.quiet)
-                quiet = outcome.settle is not None and outcome.settle.quiet
-                log.log(logging.DEBUG if quiet else logging.INFO, "job deferred for %.1fs: %s", delay, error,
+                log.log(logging.DEBUG if outcome.quiet else logging.INFO, "job deferred for %.1fs: %s", delay, error,
                         extra={**context, "delay_s": round(delay, 3)})
 
     def due_in(self, delay: float) -> None:
@@ -685,12 +687,12 @@ class WorkerPool:
             self._next_local_due = due
             self.deps.doorbell.set()  # the fetcher, asleep until its poll, recomputes its sleep
 
-    def dropped(self, outcome: Outcome) -> None:
-        """The writer gave up on ``outcome`` (the database refuses it): forget the run; its
-        lease runs out and the job is claimed again."""
-        outcome.run.state = "lost"
-        outcome.run.lost = True
-        self._forget(outcome.run)
+    def dropped(self, run: Run, outcome: Outcome) -> None:
+        """The writer gave up on ``run``'s ``outcome`` (the database refuses it): forget the run;
+        its lease runs out and the job is claimed again."""
+        run.state = "lost"
+        run.lost = True
+        self._forget(run)
 
     def flushed(self, freed: bool) -> None:
         """A flush freed a recipient whose next job may be due: the fetcher may claim it now."""
@@ -698,21 +700,17 @@ class WorkerPool:
             self.deps.doorbell.set()
 
 
-def _with_details(settle: Settle, exc: Exception, run: Run) -> Settle:
-    """``settle`` with the run's ``ctx.log`` lines and, for an unexpected exception (not a
+def _with_details(outcome: Outcome, exc: Exception, run: Run) -> Outcome:
+    """``outcome`` with the run's ``ctx.log`` lines and, for an unexpected exception (not a
     ``JobError``: ``PermanentError``, ``Retry``, an HTTP status through ``ctx.check``), its
     traceback, and the innermost frame of the user's code after the error's first line (``file.py:LINE in f``)."""
     lines = run.log.lines if run.log is not None else None
     if isinstance(exc, JobError):
-        return dataclasses.replace(settle, log=lines)
+        return dataclasses.replace(outcome, log=lines)
     frame = user_frame(exc)
-    error = settle.error
+    error = outcome.error
     if frame is not None and error is not None:
         # after the first line: where lists show one line, it names the frame too
         first, newline, rest = error.partition("\n")
         error = f"{first} (at {frame}){newline}{rest}"
-    return dataclasses.replace(settle, error=error, traceback=traceback_text(exc), log=lines)
-
-
-def _status(settle: Settle) -> Status:
-    return settle.outcome
+    return dataclasses.replace(outcome, error=error, traceback=traceback_text(exc), log=lines)

@@ -27,10 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from autom.errors import LeaseLost
+from autom.jobs.outcome import Outcome
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from autom.db.bridge import Tx
     from autom.jobs.models import Job
+    from autom.jobs.outcome import Written
     from autom.worker.tracebacks import RunLog
 
 State = Literal["queued", "running", "finishing", "written", "lost"]
@@ -47,15 +51,16 @@ def lease_margin(lease_seconds: float) -> float:
     return min(5.0, max(0.05, lease_seconds * 0.1))
 
 
-class _Completes(Protocol):
-    async def complete_in(self, tx: Tx, job: Job) -> bool: ...
+class _Writes(Protocol):
+    async def write(self, outcomes: Sequence[Outcome], *, tx: Tx | None = None,
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]: ...
 
 
 class Run:
     """One claim of ``job`` held by this process; see the module docstring."""
 
-    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "log", "lost", "scope", "settled", "started",
-                 "state", "ticket")
+    __slots__ = ("_store", "confirmed", "deadline", "job", "key", "log", "lost", "scope", "started", "state",
+                 "ticket")
 
     def __init__(self, job: Job, deadline: float, store: Any, *, confirmed: bool = True, ticket: int = 0) -> None:
         self.job = job
@@ -72,9 +77,7 @@ class Run:
         self.state: State = "queued"
         #: the claim is known to be gone (a renewal did not find it, or the deadline passed)
         self.lost = False
-        #: the outcome was written in the handler's own transaction (``complete_in``)
-        self.settled = False
-        self._store: _Completes = store
+        self._store: _Writes = store
         #: the claim is on disk: committed durably, or confirmed since (False: an
         #: asynchronous claim the pool's confirmer has not confirmed yet)
         self.confirmed = confirmed
@@ -91,14 +94,16 @@ class Run:
             self.deadline = deadline
 
     async def complete_in(self, tx: Tx) -> None:
-        """Mark this claim's job done inside ``tx`` (commits with the handler's writes).
+        """Write this claim's "done" inside ``tx`` (it commits with the handler's writes); the
+        run's state becomes ``written``, so the pool writes nothing more for it.
 
         Raises ``LeaseLost`` (and writes nothing) when the claim is no longer held; the
         caller lets it propagate so ``tx`` rolls back. Call it last in the transaction.
         """
         if self.lost or self.expired():
             raise LeaseLost(f"job {self.job.id}: claim {self.job.generation} is no longer held")
-        if not await self._store.complete_in(tx, self.job):
+        written, _more = await self._store.write([Outcome.done(self.job)], tx=tx)
+        if self.job.id not in written:
             self.lost = True
             raise LeaseLost(f"job {self.job.id}: claim {self.job.generation} is no longer held")
-        self.settled = True
+        self.state = "written"

@@ -14,7 +14,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.support.pg import with_lock_timeout
 from tests.support.proc import AUTOM, clean_env, run_autom
-from tests.support.queue import claim_one, complete
+from tests.support.queue import claim_one, complete, fail
 from tests.support.service import SITE_SECRET, TG_SECRET
 from tests.support.telegram_stub import Reply
 
@@ -31,7 +31,7 @@ async def make_failed_job(db, kind="site.form", error="RuntimeError: the CRM sai
     store = JobStore(db)
     job_id = await store.enqueue(NewJob(kind, {"n": 1}, max_attempts=1))
     job = await claim_one(store)
-    await store.fail(job, error)
+    await fail(store, job, error)
     return job_id
 
 

@@ -20,7 +20,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
 from tests.integration.test_admin import AUTH, insert_job, ping, post_update
 from tests.support.http_app import RunningApp, running_app
-from tests.support.queue import claim_one, complete, sleeping_handler
+from tests.support.queue import claim_one, complete, fail, release, sleeping_handler
 from tests.support.service import post_telegram, running_service, service_settings, telegram_update, wait_until
 from tests.support.telegram_stub import Reply
 
@@ -46,7 +46,7 @@ async def test_cancel_a_pending_job_it_never_runs_and_raises_no_alert(app: Runni
     waiting = await store.enqueue(NewJob("site.form", {"n": 2}))
     claimed = await claim_one(store)
     assert claimed is not None and claimed.id == waiting
-    await store.fail(claimed, "TransientError: try later")
+    await fail(store, claimed, "TransientError: try later")
     assert await db.fetch_val("select status from jobs where id = %s", [waiting]) == "pending"
     assert (await app.client.post(f"/admin/jobs/{waiting}/cancel", headers=AUTH)).status_code == 200
     for status in ("done", "failed", "cancelled"):  # a running job is cancelled too (a test below)
@@ -207,7 +207,7 @@ async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: Runni
     job_id = await store.enqueue(NewJob("k", {}, max_attempts=5))
     job = await claim_one(store)
     assert job is not None
-    await store.fail(job, "TransientError: HTTP 502")  # a retry
+    await fail(store, job, "TransientError: HTTP 502")  # a retry
     await db.execute("update jobs set run_at = now() where id = %s", [job_id])
     job = await claim_one(store)
     assert job is not None
@@ -215,7 +215,7 @@ async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: Runni
     await db.execute("update jobs set locked_until = now() - interval '1 second' where id = %s", [job_id])
     job = await claim_one(store)
     assert job is not None and job.attempts == 3
-    await store.release([job], "shutdown")  # given back: not an attempt, no row
+    await release(store, [job], "shutdown")  # given back: not an attempt, no row
     job = await claim_one(store)
     assert job is not None and job.attempts == 3
     running = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
@@ -225,7 +225,7 @@ async def test_attempt_log_records_every_way_an_attempt_ends(db: Any, app: Runni
     assert all(a["started"] and a["started"] <= (a["ended"] or "9") for a in running)
     # CONTRACT's names; the old ones stay as deprecated aliases of the same times
     assert all((a["started_at"], a["ended_at"]) == (a["started"], a["ended"]) for a in running)
-    await store.fail(job, PermanentError("HTTP 400 nope"))
+    await fail(store, job, PermanentError("HTTP 400 nope"))
     log = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()["attempt_log"]
     assert [(a["attempt"], a["outcome"], a["error"]) for a in log][-1] == (3, "failed", "PermanentError: HTTP 400 nope")
     # pruned with the job
@@ -345,7 +345,7 @@ async def test_a_recipients_timeline_pause_resume_and_purge(app: RunningApp, db:
     second = await store.enqueue(NewJob("site.form", {}, recipient="77"))
     claimed = await claim_one(store)
     assert claimed is not None and claimed.id == first
-    await store.fail(claimed, RuntimeError("flaky\nsecond line"), retry=RetryPolicy(base=0.0, cap=0.0))
+    await fail(store, claimed, RuntimeError("flaky\nsecond line"), retry=RetryPolicy(base=0.0, cap=0.0))
     again = await claim_one(store)
     assert again is not None and again.id == first
     assert await complete(store, again)

@@ -22,7 +22,7 @@ from autom.jobs.models import NewJob
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.ops import Operations
-from tests.support.queue import claim_one, complete
+from tests.support.queue import claim_one, complete, fail
 from tests.support.restartable_pg import RestartablePg, restartable_pg
 from tests.support.service import ALERT_CHAT, running_service, service_settings, wait_until
 from tests.support.telegram_stub import Reply, TelegramStub
@@ -78,11 +78,11 @@ async def test_failing_for_good_records_the_alert_in_the_same_statement(db: Any)
     await store.enqueue_many([NewJob("a.kind", max_attempts=2), NewJob("b.kind")])
     first, second = sorted(await store.claim(2), key=lambda job: job.id)
     # a retry is no alert; the last attempt and a permanent error are
-    assert not (await store.fail(first, TransientError("502"))).final
+    assert not (await fail(store, first, TransientError("502"))).final
     assert await alert_rows(db) == []
-    assert (await store.fail(second, PermanentError("400 chat not found"))).final
+    assert (await fail(store, second, PermanentError("400 chat not found"))).final
     again = await wait_until(lambda: claim_one(store))
-    assert (await store.fail(again, TransientError("502 again"))).final
+    assert (await fail(store, again, TransientError("502 again"))).final
     rows = await alert_rows(db)
     assert [(r["job_id"], r["kind"], r["attempts"], r["error"], r["sent_at"]) for r in rows] == [
         (second.id, "b.kind", 1, "PermanentError: 400 chat not found", None),

@@ -21,7 +21,7 @@ from autom.jobs.store import JobStore
 from autom.web.console.auth import COOKIE, Sessions, cross_site
 from tests.integration.test_admin import insert_job, ping, post_update
 from tests.support.http_app import RunningApp, app_settings, client_at, running_app
-from tests.support.queue import claim_one
+from tests.support.queue import claim_one, fail
 from tests.support.service import ADMIN_TOKEN
 
 TOKEN = ADMIN_TOKEN
@@ -278,7 +278,7 @@ async def test_job_page_shows_payload_attempts_and_acts(app: RunningApp, db: Any
     job_id = await store.enqueue(NewJob("site.form", {"name": "Ada", "n": 1}, max_attempts=3))
     claimed = await claim_one(store)
     assert claimed is not None
-    await store.fail(claimed, PermanentError("crm: HTTP 400 Bad Request: no such list"))
+    await fail(store, claimed, PermanentError("crm: HTTP 400 Bad Request: no such list"))
     async with logged_in(app) as (client, csrf):
         page = (await client.get(f"/ui/jobs/{job_id}")).text
         assert '"name": "Ada"' in page.replace("&#34;", '"')
@@ -698,7 +698,7 @@ async def test_a_multi_line_error_is_kept_whole_on_the_job_page_and_one_line_in_
     for _ in range(2):  # a retry, then the last attempt fails for good
         claimed = await claim_one(store)
         assert claimed is not None and claimed.id == job
-        await store.fail(claimed, RuntimeError(report), retry=RetryPolicy(base=0.0, cap=0.0))
+        await fail(store, claimed, RuntimeError(report), retry=RetryPolicy(base=0.0, cap=0.0))
     stored = await db.fetch_one("select status, last_error from jobs where id = %s", [job])
     assert stored["status"] == "failed" and stored["last_error"] == f"RuntimeError: {report}"
     async with logged_in(app) as (client, _):

@@ -22,7 +22,7 @@ from autom.ops import Operations
 from tests.integration.test_admin import AUTH
 from tests.support.http_app import RunningApp, running_app
 from tests.support.proc import clean_env, run_autom
-from tests.support.queue import claim_one
+from tests.support.queue import claim_one, complete_many, fail
 from tests.support.service import ADMIN_TOKEN, SITE_SECRET, TG_SECRET, running_service, service_settings, wait_until
 
 
@@ -38,13 +38,13 @@ async def test_a_manual_retry_makes_attempt_two_and_an_audit_entry(app: RunningA
     job_id = await store.enqueue(NewJob("site.form", {"n": 1}, max_attempts=1))
     claimed = await claim_one(store)
     assert claimed is not None and claimed.id == job_id
-    await store.fail(claimed, "KeyError: 'titel'")
+    await fail(store, claimed, "KeyError: 'titel'")
     assert await db.fetch_val("select status from jobs where id = %s", [job_id]) == "failed"
     response = await app.client.post(f"/admin/jobs/{job_id}/retry", headers=AUTH)
     assert response.status_code == 200, response.text
     again = await claim_one(store)
     assert again is not None and again.id == job_id
-    assert await store.complete_many([again]) == {job_id}
+    assert await complete_many(store, [again]) == {job_id}
 
     job = (await app.client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()
     assert job["status"] == "done" and job["last_error"] is None
@@ -147,7 +147,7 @@ async def test_an_expected_error_keeps_its_one_line(db: Any) -> None:
     job_id = await store.enqueue(NewJob("site.form", {"n": 1}, max_attempts=1))
     claimed = await claim_one(store)
     assert claimed is not None
-    await store.fail(claimed, PermanentError("telegram sendMessage: HTTP 400 Bad Request: chat not found"))
+    await fail(store, claimed, PermanentError("telegram sendMessage: HTTP 400 Bad Request: chat not found"))
     (attempt,) = (await Operations(db).get_job(job_id))["attempt_log"]
     assert attempt["traceback"] is None and attempt["log"] is None
 
@@ -157,7 +157,7 @@ async def test_console_login_retry_and_logout_are_on_the_audit_page(app: Running
     job_id = await store.enqueue(NewJob("site.form", {"n": 1}, max_attempts=1))
     claimed = await claim_one(store)
     assert claimed is not None
-    await store.fail(claimed, "RuntimeError: no")
+    await fail(store, claimed, "RuntimeError: no")
     async with httpx.AsyncClient(base_url=app.url, timeout=10.0) as browser:
         assert (await browser.post("/ui/login", data={"token": ADMIN_TOKEN})).status_code == 303
         page = (await browser.get(f"/ui/jobs/{job_id}")).text

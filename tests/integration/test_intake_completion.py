@@ -27,6 +27,7 @@ from autom.db.queries import Q
 from autom.jobs.models import Job
 from autom.jobs.store import JobStore, _claims
 from tests.support.http_app import TELEGRAM_SECRET, running_app
+from tests.support.queue import complete_in
 from tests.support.service import post_telegram, telegram_update
 
 CHATS = [101, 102, 103, 104, 105, 106]
@@ -54,7 +55,7 @@ async def complete_in_tx(store: JobStore, tx: Any, jobs: list[Job], how: str) ->
     if how == "completer":
         rows = await tx.fetch_all(Q.complete_many, {**_claims(jobs), "durable": False, "claimant": None, "upto": 0})
         return len(rows)
-    return sum([await store.complete_in(tx, job) for job in jobs])
+    return sum([await complete_in(store, tx, job) for job in jobs])
 
 
 @pytest.mark.parametrize("how", ["completer", "handler_transaction"])

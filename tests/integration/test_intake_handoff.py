@@ -25,9 +25,10 @@ import trio
 from autom.db import open_database
 from autom.events import FATE_SECONDS, StoreBatcher, store_params
 from autom.jobs.models import Job, NewJob
-from autom.jobs.store import JobStore, Settle
+from autom.jobs.outcome import Outcome
+from autom.jobs.store import JobStore
 from tests.integration.test_worker_pool import make_pool
-from tests.support.queue import claim_one, complete
+from tests.support.queue import claim_one, complete, settle_many
 from tests.support.service import wait_until
 
 HEADERS = {"content-type": "application/json"}
@@ -59,7 +60,7 @@ class Taker:
 
     async def give_back(self, job: Job) -> None:
         self.given_back.append(job)
-        await self.store.settle_many([Settle(job, "released", None)])
+        await settle_many(self.store, [Outcome.released(job)])
 
 
 async def job_state(db: Any, job_id: int) -> dict[str, Any]:
@@ -188,7 +189,7 @@ async def test_a_job_the_claim_would_not_take_now_falls_back_to_the_ordinary_sto
         await store.enqueue(NewJob("k", recipient="c1"))
         head = await claim_one(store)
         assert head is not None
-        await store.settle_many([Settle(head, "retry", "boom", 3600.0)])
+        await settle_many(store, [Outcome.retry(head, "boom", 3600.0)])
     elif case == "other_job_due":
         await store.enqueue(NewJob("k"))  # recipient-less, due, unclaimed: it goes first
     elif case == "expired_lease_due":

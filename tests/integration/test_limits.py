@@ -222,7 +222,7 @@ async def test_a_429_moves_the_chats_reserved_slots_and_their_jobs_past_its_retr
     await limiter.acquire(42, job=claims[ids[0]])
     with pytest.raises(Defer):
         await limiter.acquire(42, job=claims[ids[1]])
-    await store.settle_many([store.decide(claims[ids[1]], Defer("wait", after=0.1))])
+    await store.write([store.decide(claims[ids[1]], Defer("wait", after=0.1))])
     await limiter.pushed(42, 5.0)
     row = await db.fetch_one("select extract(epoch from r.slot_at - now()) as slot_in, "
                              "extract(epoch from j.run_at - now()) as run_in from telegram_reservations r "

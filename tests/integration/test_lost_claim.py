@@ -25,7 +25,7 @@ from autom.jobs.models import NewJob, lease_generation
 from autom.jobs.store import Ahead, JobStore
 from autom.testing import open_testbed
 from autom.worker import WorkerPool
-from tests.support.queue import claim_one, complete, sleeping_handler
+from tests.support.queue import claim_one, complete, complete_in, fail, release, sleeping_handler
 from tests.support.service import wait_until
 
 JOB_ROW = "select to_jsonb(j) from jobs j where id = %(id)s"
@@ -66,7 +66,7 @@ async def test_a_lost_claims_holder_is_fenced_off_after_the_next_claim(db: Any, 
     job_id = await store.enqueue(NewJob("k", recipient=recipient))
     assert job_id is not None
     # claimed once and given back: the lost claim below is the job's second generation
-    await store.release([j for j in await store.claim(1)])
+    await release(store, [j for j in await store.claim(1)])
     before = await snapshot(db, job_id, recipient)
     lost = await claim_one(store)
     assert lost is not None and lost.id == job_id and lost.generation == 2
@@ -78,12 +78,12 @@ async def test_a_lost_claims_holder_is_fenced_off_after_the_next_claim(db: Any, 
     assert fresh.generation == lost.generation == 2 and fresh.lease != lost.lease
 
     assert await complete(store, lost) is False
-    assert (await store.fail(lost, RuntimeError("late"))).status == "stale"
-    assert (await store.fail(lost, PermanentError("late"))).status == "stale"
+    assert (await fail(store, lost, RuntimeError("late"))).status == "stale"
+    assert (await fail(store, lost, PermanentError("late"))).status == "stale"
     assert await store.renew([lost]) == {}
-    assert await store.release([lost]) == set()
+    assert await release(store, [lost]) == set()
     async with db.transaction() as tx:
-        assert await store.complete_in(tx, lost) is False
+        assert await complete_in(store, tx, lost) is False
     row = await store.get(job_id)
     assert row is not None and (row["status"], row["lease"], row["attempts"]) == ("running", fresh.lease, 1)
 

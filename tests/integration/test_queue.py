@@ -11,9 +11,19 @@ import trio
 from autom.db.queries import Q
 from autom.errors import PermanentError, Retry
 from autom.jobs.models import NewJob
+from autom.jobs.outcome import Outcome
 from autom.jobs.retry import RetryPolicy
-from autom.jobs.store import Ahead, JobStore, Settle
-from tests.support.queue import claim_one, complete
+from autom.jobs.store import Ahead, JobStore
+from tests.support.queue import (
+    claim_one,
+    complete,
+    complete_batch,
+    complete_in,
+    complete_many,
+    fail,
+    release,
+    settle_many,
+)
 
 
 def make_store(db, *, lease=30.0, base=0.05, cap=1.0) -> JobStore:
@@ -67,7 +77,7 @@ async def test_failed_attempts_wait_out_their_delay_then_fail_for_good(db):
     for attempt in (1, 2, 3):
         assert job.id == job_id and job.attempts == attempt
         started = trio.current_time()
-        outcome = await store.fail(job, RuntimeError(f"boom {attempt}"))
+        outcome = await fail(store, job, RuntimeError(f"boom {attempt}"))
         if attempt < 3:
             assert outcome.status == "pending"
             assert await claim_one(store) is None  # not before its delay (0.2 s ± 20 %)
@@ -87,7 +97,7 @@ async def test_permanent_error_fails_after_one_attempt(db):
     store = make_store(db)
     await store.enqueue(NewJob("send"))
     job = await claim_one(store)
-    outcome = await store.fail(job, PermanentError("telegram: HTTP 400 chat not found"))
+    outcome = await fail(store, job, PermanentError("telegram: HTTP 400 chat not found"))
     assert outcome.final
     row = await store.get(job.id)
     assert (row["status"], row["attempts"]) == ("failed", 1)
@@ -97,7 +107,7 @@ async def test_retry_after_is_honoured(db):
     store = make_store(db, base=0.01, cap=0.01)
     await store.enqueue(NewJob("send"))
     job = await claim_one(store)
-    await store.fail(job, Retry("telegram: HTTP 429", after=30))
+    await fail(store, job, Retry("telegram: HTTP 429", after=30))
     waited = await db.fetch_val("select extract(epoch from run_at - now()) from jobs where id = %s", [job.id])
     assert 29 <= waited <= 31
 
@@ -121,10 +131,10 @@ async def test_stale_claim_changes_nothing_after_another_claim_took_the_job(db):
     assert fresh.id == stale.id and fresh.generation == stale.generation + 1 and fresh.lease != stale.lease
 
     assert await complete(store, stale) is False
-    assert (await store.fail(stale, RuntimeError("late"))).status == "stale"
-    assert (await store.fail(stale, PermanentError("late"))).status == "stale"
+    assert (await fail(store, stale, RuntimeError("late"))).status == "stale"
+    assert (await fail(store, stale, PermanentError("late"))).status == "stale"
     assert await store.renew([stale]) == {}
-    assert await store.release([stale]) == set()
+    assert await release(store, [stale]) == set()
     row = await store.get(fresh.id)
     assert (row["status"], row["lease"], row["last_error"]) == ("running", fresh.lease, None)
 
@@ -146,7 +156,7 @@ async def test_one_batch_with_a_stale_and_a_fresh_claim_of_one_job_completes_the
         await store.enqueue(NewJob("quick"))
         mate = await claim_one(store)
         batch = [stale, mate, fresh] if order == "stale first" else [fresh, mate, stale]
-        assert await store.complete_batch(batch) == ({fresh.id, mate.id}, False), order
+        assert await complete_batch(store, batch) == ({fresh.id, mate.id}, False), order
         assert (await store.get(fresh.id))["status"] == "done"
 
 
@@ -194,7 +204,7 @@ async def test_release_puts_the_job_back_without_counting_the_attempt(db):
     store = make_store(db)
     await store.enqueue(NewJob("k", recipient="chat-9"))
     job = await claim_one(store)
-    assert await store.release([job], reason="shutdown") == {job.id}
+    assert await release(store, [job], reason="shutdown") == {job.id}
     again = await claim_one(store)
     assert again.id == job.id and again.attempts == 1 and again.generation == 2
 
@@ -247,7 +257,7 @@ async def test_concurrent_claimers_never_run_two_jobs_of_one_recipient(db):
                 continue
             idle = 0
             await trio.sleep(0.001)
-            done.extend(await store.complete_many(batch))
+            done.extend(await complete_many(store, batch))
 
     async def backdater():
         # jobs queued before the running head's place (a back-dated run_at): the head of
@@ -286,13 +296,13 @@ async def test_a_deferred_job_waits_without_counting_the_attempt_or_an_error(db)
     store = make_store(db)
     job_id = await store.enqueue(NewJob("send", recipient="chat"))
     job = await claim_one(store)
-    await store.fail(job, RuntimeError("502"))  # a real failure first: its error stays
+    await fail(store, job, RuntimeError("502"))  # a real failure first: its error stays
     await db.execute("update jobs set run_at = now() where id = %s", [job_id])
     job = await wait_for_claim(store)
     assert job.attempts == 2
     settle = store.decide(job, Defer("chat limit", after=30))
-    assert (settle.outcome, settle.delay) == ("deferred", 30.0)
-    assert set(await store.settle_many([settle])) == {job_id}
+    assert (settle.status, settle.delay) == ("deferred", 30.0)
+    assert set(await settle_many(store, [settle])) == {job_id}
     row = await db.fetch_one(
         "select status, attempts, last_error, run_at - now() as wait from jobs where id = %s", [job_id])
     assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 1, "RuntimeError: 502")
@@ -320,7 +330,7 @@ async def test_refused_deferrals_fail_the_job_for_good_once_they_have_lasted_max
 
     async def settle(error: Exception) -> dict[str, Any]:
         job = await wait_for_claim(store)
-        await store.settle_many([store.decide(job, error)])
+        await settle_many(store, [store.decide(job, error)])
         return await db.fetch_one(
             "select status, attempts, last_error, deferred_since, extract(epoch from now() - deferred_since) as age"
             " from jobs where id = %s", [job_id])
@@ -345,13 +355,13 @@ async def test_a_refusal_that_would_wait_past_the_bound_fails_at_once_and_a_retr
     store = JobStore(db, retry=RetryPolicy(base=0.05, cap=1.0), max_defer_seconds=5.0)
     job_id = await store.enqueue(NewJob("send"))
     job = await wait_for_claim(store)
-    await store.settle_many([store.decide(job, refused(1))])
+    await settle_many(store, [store.decide(job, refused(1))])
     job = await wait_for_claim(store)
-    await store.fail(job, RuntimeError("502"))  # ran into something else: a new run of refusals later
+    await fail(store, job, RuntimeError("502"))  # ran into something else: a new run of refusals later
     assert await db.fetch_val("select deferred_since from jobs where id = %s", [job_id]) is None
     await db.execute("update jobs set run_at = now() where id = %s", [job_id])
     job = await wait_for_claim(store)
-    settled = await store.settle_many([store.decide(job, refused(10))])  # 10 s > 5 s: no point waiting
+    settled = await settle_many(store, [store.decide(job, refused(10))])  # 10 s > 5 s: no point waiting
     assert settled[job_id].status == "failed"
     assert settled[job_id].error is not None and settled[job_id].error.startswith("deferred for more than 5 s")
 
@@ -367,8 +377,8 @@ async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_reci
     claimed = await store.claim(10)
     assert sorted(j.id for j in claimed) == sorted([first, other, free])
     head = next(j for j in claimed if j.id == first)
-    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
-    assert await store.complete_many([j for j in claimed if j.id != first]) == {other, free}
+    assert (await fail(store, head, RuntimeError("502"))).status == "pending"
+    assert await complete_many(store, [j for j in claimed if j.id != first]) == {other, free}
     # the retry is not due yet: nothing of "chat" may run, though its second job is due
     assert await store.claim(10) == []
     again = await wait_for_claim(store)
@@ -378,7 +388,7 @@ async def test_a_job_waiting_for_its_retry_holds_back_the_later_jobs_of_its_reci
     [nxt] = await store.claim(10)
     assert nxt.id == second
     # a job that failed for good, like a done one, lets the line move on
-    assert (await store.fail(nxt, PermanentError("400"))).final
+    assert (await fail(store, nxt, PermanentError("400"))).final
     assert [j.id for j in await store.claim(10)] == [third]
 
 
@@ -389,7 +399,7 @@ async def test_a_deferred_job_keeps_its_place_in_its_recipients_line(db):
     first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
     [job] = await store.claim(10)
     assert job.id == first
-    await store.settle_many([store.decide(job, Defer("chat limit", after=0.3))])
+    await settle_many(store, [store.decide(job, Defer("chat limit", after=0.3))])
     assert await store.claim(10) == []  # the second waits behind the deferred first
     again = await wait_for_claim(store)
     assert (again.id, again.attempts) == (first, 1)
@@ -405,7 +415,7 @@ async def test_cancelling_a_head_waiting_for_its_retry_lets_its_recipients_line_
     store = make_store(db, base=60, cap=60)
     first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
     [head] = await store.claim(10)
-    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
+    assert (await fail(store, head, RuntimeError("502"))).status == "pending"
     assert await store.claim(10) == []  # the line waits for the retry (a minute away) ...
     assert await store.claim(10) == []  # ... also once the claim has retired the recipient
     await Operations(db).cancel_job(first)
@@ -428,7 +438,7 @@ async def test_a_completion_retires_its_recipient_until_its_next_job_is_due(db):
                                                                                       run_at=later)])
     [job] = await store.claim(10)
     assert job.id == first
-    assert await store.complete_batch([job]) == ({first}, False)  # nothing more due now
+    assert await complete_batch(store, [job]) == ({first}, False)  # nothing more due now
     row = await recipient_row(db, "chat")
     assert row["next_due_at"] == later and row["busy_job"] == first
     assert await store.claim(10) == []
@@ -447,7 +457,7 @@ async def test_a_completed_job_frees_its_recipient_without_a_write_to_its_row(db
     first, second = await store.enqueue_many([NewJob("m", recipient="chat") for _ in range(2)])
     [job] = await store.claim(10)
     before = await recipient_row(db, "chat")
-    assert await store.complete_batch([job]) == ({first}, True)  # the next job is due now
+    assert await complete_batch(store, [job]) == ({first}, True)  # the next job is due now
     assert await recipient_row(db, "chat") == before
     assert [j.id for j in await store.claim(10)] == [second]
 
@@ -463,7 +473,7 @@ async def test_an_enqueue_during_a_completion_keeps_its_recipient_due(db):
     async with db.transaction() as tx:
         new = await store.enqueue(NewJob("m", recipient="chat"), tx)  # holds the row's lock
         with trio.fail_after(30):  # a hang guard: the completion and its retire do not wait for the row
-            assert await store.complete_many([job]) == {first}
+            assert await complete_many(store, [job]) == {first}
     # committed: the row was left due, and the new job runs
     assert (await recipient_row(db, "chat"))["due"] is True
     assert [j.id for j in await store.claim(10)] == [new]
@@ -494,7 +504,7 @@ async def test_the_sweep_retires_what_a_completion_could_not(db):
     first, _ = await store.enqueue_many([NewJob("m", recipient="chat"),
                                          NewJob("m", recipient="chat", run_at=later)])
     [head] = await store.claim(10)
-    assert (await store.fail(head, RuntimeError("502"))).status == "pending"
+    assert (await fail(store, head, RuntimeError("502"))).status == "pending"
     await Operations(db).cancel_job(first)
     assert (await recipient_row(db, "chat"))["due"] is True  # stale: nothing is due
     assert await store.claim(10) == []
@@ -533,9 +543,9 @@ async def test_a_completion_in_a_handlers_transaction_keeps_its_commit_durable(d
     [job] = await store.claim(10)
     async with db.transaction() as tx:
         setting = await tx.fetch_val("show synchronous_commit")
-        assert await store.complete_in(tx, job)
+        assert await complete_in(store, tx, job)
         assert await tx.fetch_val("show synchronous_commit") == setting
-        assert not await store.complete_in(tx, job)  # no longer held
+        assert not await complete_in(store, tx, job)  # no longer held
     assert (await store.get(job.id))["status"] == "done"
 
 
@@ -571,7 +581,7 @@ async def test_a_mixed_backlog_is_claimed_from_both_lanes_each_in_its_order(db, 
         taken_nc += nc
         for j in rc:
             taken_rc.setdefault(j.recipient, []).append(j.id)
-        assert len(await store.complete_many(batch)) == len(batch)
+        assert len(await complete_many(store, batch)) == len(batch)
     assert taken_nc == nc_ids  # due order (run_at grows with the id here), none skipped
     assert taken_rc == {f"r{k}": rc_ids[k::10] for k in range(10)}  # each line in its order
     assert await db.fetch_val("select count(*) from jobs where status <> 'done'") == 0
@@ -644,7 +654,7 @@ async def test_a_claim_failed_without_running_gives_its_attempt_back(db):
     store = make_store(db)
     await store.enqueue(NewJob("k"))
     (job,) = await store.claim(1)
-    await store.settle_many([Settle(job, "failed", "attempts exhausted", unrun=True)])
+    await settle_many(store, [Outcome.failed(job, "attempts exhausted", unrun=True)])
     row = await store.get(job.id)
     assert (row["status"], row["attempts"]) == ("failed", 0)
     assert await db.fetch_val("select count(*) from alerts where job_id = %s", [job.id]) == 1

@@ -19,6 +19,7 @@ from autom.errors import Defer
 from autom.limits import SendLimiter
 from autom.telegram import open_telegram
 from autom.testing import Reply, open_testbed
+from tests.support.queue import release
 
 SECRET = "tg-secret"
 GROUP = -100555
@@ -224,7 +225,7 @@ async def test_a_callback_waits_for_no_slow_job_of_its_chat(dsn: str) -> None:
         ids = {job.id for job in claimed}
         # ... and the press is claimable beside it, in the same claim, the chat's second job is not
         assert slow in ids and pressed in ids and len(ids) == 2
-        await bed.deps.store.release([job for job in claimed])
+        await release(bed.deps.store, [job for job in claimed])
         with trio.fail_after(30):
             run = await bed.run(pressed)
     assert run.status == "done", run.error

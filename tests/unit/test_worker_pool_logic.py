@@ -21,8 +21,9 @@ from autom.deps import Deps
 from autom.errors import Defer, PermanentError
 from autom.handlers.spec import HandlerSpec
 from autom.jobs.models import Job
+from autom.jobs.outcome import DONE, Outcome, Written
 from autom.jobs.retry import RetryPolicy
-from autom.jobs.store import Ahead, JobStore, Settle, Settled
+from autom.jobs.store import Ahead, JobStore
 from autom.worker import WorkerPool
 from tests.support.queue import sleeping_handler
 
@@ -38,7 +39,7 @@ class MemoryStore:
         self.pending: list[Job] = []
         self.claims: list[int] = []  # n asked, per claim
         self.done: list[tuple[int, int]] = []
-        self.settled: list[Settle] = []
+        self.settled: list[Outcome] = []
         self.renew_fails = False
         self.renew_drops: set[int] = set()  # ids a renewal no longer finds
         self.renewals = 0
@@ -90,18 +91,18 @@ class MemoryStore:
         self.sweeps += 1
         return 0
 
-    async def complete_batch(self, jobs: Sequence[Job], *,
-                             starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
+    async def write(self, outcomes: Sequence[Outcome], *, tx: Any = None,
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
         await trio.sleep(0.001)
-        self.done.extend((j.id, j.lease) for j in jobs)
+        done = [o.job for o in outcomes if o.status == "done"]
+        others = [o for o in outcomes if o.status != "done"]
+        self.done.extend((j.id, j.lease) for j in done)
+        self.settled.extend(others)
         if starts is not None:
             self.starts.append(starts[1])
-        return {j.id for j in jobs}, False
-
-    async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
-        await trio.sleep(0.001)
-        self.settled.extend(items)
-        return {i.job.id: Settled("failed" if i.outcome == "failed" else "pending", None) for i in items}
+        written = {j.id: DONE for j in done}
+        written.update({o.job.id: Written("failed" if o.status == "failed" else "pending") for o in others})
+        return written, any(o.job.recipient is not None for o in others)
 
     async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
         await trio.sleep(0.001)
@@ -110,7 +111,7 @@ class MemoryStore:
             raise ConnectionError("database unreachable")
         return {j.id: datetime.now(UTC) for j in jobs if j.id not in self.renew_drops}
 
-    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Settle:
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Outcome:
         return self._decider.decide(job, error, retry=retry)
 
 
@@ -168,10 +169,10 @@ async def test_shutdown_gives_back_queued_claims_and_releases_running_ones_at_th
         queued = len(pool.queued)
         pool.deps.shutdown.value = True
         await until(lambda: len(store.settled) == queued)
-        assert {s.outcome for s in store.settled} == {"released"}
+        assert {s.status for s in store.settled} == {"released"}
         pool.stop_at(trio.current_time() + 1.0)
     assert len(started) == 2  # nothing queued started after shutdown
-    released = [s for s in store.settled if s.outcome == "released"]
+    released = [s for s in store.settled if s.status == "released"]
     assert len(released) == queued + 2
     assert sorted(s.error or "" for s in released)[-2:] == ["interrupted by shutdown"] * 2
     assert store.done == []
@@ -319,7 +320,7 @@ async def test_every_outcome_goes_to_the_one_writer(autojump_clock: Any) -> None
         await nursery.start(pool.run)
         await until(lambda: len(store.done) + len(store.settled) == 5)
         pool.deps.shutdown.value = True
-    outcomes = {s.job.kind: (s.outcome, s.error, s.delay) for s in store.settled}
+    outcomes = {s.job.kind: (s.status, s.error, s.delay) for s in store.settled}
     assert [j for j, _ in store.done] == [1]
     # an unexpected exception names the innermost frame of the user's code; it keeps its traceback
     assert outcomes["flaky"][0::2] == ("retry", 1.0)
@@ -340,10 +341,11 @@ async def test_an_outcome_the_database_refuses_does_not_hold_up_the_others(autoj
     from autom.errors import QueryError
 
     class Picky(MemoryStore):
-        async def settle_many(self, items: Sequence[Settle]) -> dict[int, Settled]:
-            if any(i.job.kind == "poison" for i in items):
+        async def write(self, outcomes: Sequence[Outcome], *, tx: Any = None,
+                        starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
+            if any(o.job.kind == "poison" for o in outcomes):
                 raise QueryError("DataError (SQLSTATE 22021): invalid byte sequence", sqlstate="22021")
-            return await super().settle_many(items)
+            return await super().write(outcomes, tx=tx, starts=starts)
 
     store = Picky()
     store.add(1, kind="poison")
@@ -537,7 +539,7 @@ async def test_an_at_most_once_job_whose_earlier_run_started_fails_without_runni
         await until(lambda: len(store.settled) == 1)
         pool.deps.shutdown.value = True
     assert ran == []
-    assert [(s.outcome, s.error) for s in store.settled] == [("failed", "lost with its worker (at-most-once)")]
+    assert [(s.status, s.error) for s in store.settled] == [("failed", "lost with its worker (at-most-once)")]
 
 
 async def test_an_at_most_once_run_that_raises_fails_instead_of_retrying(autojump_clock: Any) -> None:
@@ -552,7 +554,7 @@ async def test_an_at_most_once_run_that_raises_fails_instead_of_retrying(autojum
         await nursery.start(pool.run)
         await until(lambda: len(store.settled) == 1)
         pool.deps.shutdown.value = True
-    assert [s.outcome for s in store.settled] == ["failed"]
+    assert [s.status for s in store.settled] == ["failed"]
 
 
 async def test_a_shutdown_fails_a_started_at_most_once_run_and_gives_back_the_rest(autojump_clock: Any) -> None:
@@ -571,7 +573,7 @@ async def test_a_shutdown_fails_a_started_at_most_once_run_and_gives_back_the_re
         pool.deps.shutdown.value = True
         await until(lambda: len(store.settled) == 1)
         pool.stop_at(trio.current_time() + 1.0)
-    outcomes = {s.job.id: (s.outcome, s.error) for s in store.settled}
+    outcomes = {s.job.id: (s.status, s.error) for s in store.settled}
     assert outcomes.pop(started[0]) == ("failed", "interrupted by shutdown (at-most-once)")
     assert [o for o, _ in outcomes.values()] == ["released"]  # claimed ahead, never started
 
@@ -593,15 +595,16 @@ async def test_an_at_most_once_run_claimed_ahead_waits_for_its_start_to_be_recor
         await gate.wait()
         await recorded(claimant, upto)
 
-    original_complete = store.complete_batch
+    original_write = store.write
 
-    async def complete_batch(jobs: Sequence[Job], *, starts: tuple[int, int] | None = None) -> tuple[set[int], bool]:
+    async def write(outcomes: Sequence[Outcome], *, tx: Any = None,
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
         if starts is not None:
             await gate.wait()
-        return await original_complete(jobs, starts=starts)
+        return await original_write(outcomes, tx=tx, starts=starts)
 
     store.record_starts = record_starts  # type: ignore[method-assign]
-    store.complete_batch = complete_batch  # type: ignore[method-assign]
+    store.write = write  # type: ignore[method-assign]
     pool = make_pool(store, _at_most_once(work), workers=1)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
