@@ -53,7 +53,7 @@ class TextFormatter(logging.Formatter):
         text = f"{ts} {record.levelname.lower():7} {record.name}: {record.getMessage()}"
         if extras:
             text += "  " + extras
-        if record.__dict__.get("traceback"):  # a failed run's, below its line (autom/worker/pool.py)
+        if record.__dict__.get("traceback"):  # a failed run's, below its line (WorkerPool.written)
             text += "\n" + str(record.__dict__["traceback"]).rstrip("\n")
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)

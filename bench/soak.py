@@ -866,7 +866,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     for name, recs in logs.items():
         for r in recs:
             msg = str(r.get("msg", ""))
-            # autom/worker/pool.py: a run stopped at its local deadline or dropped before it
+            # autom/worker/executor.py: a run stopped at its local deadline or dropped before it
             # started, and an outcome that found its claim gone
             for marker in ("job finished but its lease was lost", "lease could not be renewed",
                            "lease lost before the job started", "but its lease was lost"):

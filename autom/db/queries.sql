@@ -174,7 +174,7 @@ claimed as (
     -- before, and that run did not end (a handler's error fails an at-most-once job, a
     -- shutdown that cut its run short fails it too): the worker fails it, "lost with
     -- its worker (at-most-once)", one alert, without running it again
-    -- (autom/worker/pool.py). Replay is the greater harm for such a kind; the price is
+    -- (autom/worker/executor.py). Replay is the greater harm for such a kind; the price is
     -- that a run lost with its worker is not retried, and a run started in the window
     -- above may run twice.
     update jobs j
@@ -239,7 +239,7 @@ update worker_starts set started_upto = %(upto)s::bigint, updated_at = now()
 -- head is due, so the claim's walk does not trip over them. complete_many and
 -- settle_many retire a recipient as its claim ends; this sweeps up what they
 -- could not (an enqueue or a settle changed the row in between, a cancelled job).
--- The fetcher runs it when it goes idle, at most once per poll (autom/worker/pool.py).
+-- The fetcher runs it when it goes idle, at most once per poll (autom/worker/fetcher.py).
 -- ver: an enqueue that commits meanwhile bumps it, and the row is left alone.
 -- Returns how many rows it retired.
 with idle as (

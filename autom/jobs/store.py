@@ -1,56 +1,12 @@
-"""The queue's state changes: enqueue, claim, complete, settle (retry, fail, release, defer), renew.
+"""``JobStore``: the queue's statements: enqueue, claim, confirm, write outcomes, renew.
 
-Every function is one SQL statement from ``queries.sql``, guarded by state and
-the lease: a claim gives the job a new lease value (``autom_lease_next``,
-migrations/0014: the next generation in the high bits, 32 random bits below), and
-complete/fail/renew only match ``(id, lease, status='running')``, so a worker whose
-lease expired and whose job was claimed again changes nothing when it wakes up.
-
-Complete commits with ``synchronous_commit = off``, set inside the statement for
-its own transaction only (``set_config(..., true)``): the commit returns before
-its WAL is flushed, and a crash of the *server* (not of a worker) can lose the
-last fraction of a second of completions, never a job, and never the fencing: a
-lost completion leaves the job running under the same lease; it is claimed again
-when the lease expires and runs again, which at-least-once allows; the handler's
-effect was not lost, only its record.
-
-The worker's idle-path claim (one or two jobs, woken with nothing in hand) commits
-asynchronously too: its durable commit was ~0.5 ms of an idle job's enqueue →
-start (bench/RESULTS.md, Speed round three). A claim lost in a crash leaves the
-job as it was before it, so the next claim takes it again while the lost claim's
-worker may still hold it. Two things keep that harmless:
-
-- the fence: the next claim takes the same generation but not the same lease
-  value (the random low bits differ, but for 1 in 2^32; with lease + 1 it was the
-  same), so every write of the lost claim (complete, settle, renew, a handler's
-  transaction ending in ``complete_in``, ``ctx.once``) is fenced off
-  (tests/integration/test_lost_claim.py);
-- the confirmation: while its handlers start, the worker sends ``confirm`` for the
-  claim, a statement that finds the claims and commits durably after them (so they
-  are on disk once it answers). A claim it does not find was lost: its run is
-  stopped. If it cannot answer (the server is gone), the runs it was confirming
-  are stopped too, at once: a server that lost a claim must restart before anyone
-  can claim the job again, so a lost claim's run never goes on beside the next
-  one (autom/worker/pool.py).
-
-Batch claims (a backlog) keep the server's setting: one flush per batch of up to
-100 is cheap there (an asynchronous batch claim measured no faster, bench/RESULTS.md,
-Worker), and each would need a confirmation of as many rows.
-
-Everything else keeps the server's setting too: enqueue (the intake's
-202 promises the event and its jobs are on disk), ``settle_many`` (a failure's
-alert, a release at shutdown) and the renewal. A renewal lost in a crash would
-leave the worker's local deadline (autom/worker/run.py) later than the lease the
-database kept, and another claim could start the job while this run goes on; a
-renewal is one statement per lease/3 for all held claims, so durability costs
-nothing worth saving. Whatever is committed after one of these writes durably (an
-enqueue, a claim, a confirmation) flushes it too: the WAL is written in order.
-
-``insert_jobs_sync`` takes the connection of a caller's transaction, so jobs can be
-created in it (``enqueue(job, tx)``: they commit or roll back with the caller's own
-writes); like ``enqueue`` it answers per job: the new id, or None when a job of that
-kind with that key exists (keys are unique per kind, migrations/0022). The intake
-stores an event and its jobs with one statement of its own (``intake_store``).
+Each method is one statement of ``queries.sql`` (``write``: one per group of outcomes),
+guarded by state and lease: a claim gives its job a new lease value, and every later
+write matches ``(id, lease, status='running')``, so a claim that lost its job changes
+nothing. "done" outcomes and the idle path's claim commit asynchronously (a server
+crash may lose them, never the fence: the job runs again); the rest commits durably.
+Also ``Ahead`` (a pool's start order), ``insert_jobs_sync`` (jobs in a caller's
+transaction), ``MAX_DEFER_SECONDS``. Design notes: docs/design/worker.md.
 """
 
 from __future__ import annotations
@@ -73,7 +29,7 @@ if TYPE_CHECKING:
     from autom.db.bridge import Conn, Database, Tx
 
 #: Default of MAX_DEFER_SECONDS: how long a job's refused deferrals (Telegram's 429s)
-#: may last in a row before it fails for good (``Defer.refused``, migrations/0018).
+#: may last in a row before it fails for good (``Defer.refused``).
 MAX_DEFER_SECONDS = 3600.0
 
 log = logging.getLogger("autom.enqueue")
@@ -143,8 +99,7 @@ _set = object.__setattr__
 
 def _jobs(rows: list[dict[str, Any]], tickets: list[int] | None = None) -> list[Job]:
     """The claim's rows as ``Job`` objects: each row dict (exactly Job's fields, by name,
-    checked on the first row) becomes the object's ``__dict__``. ``Job(**row)`` cost 1.1 µs
-    a job, a quarter of a claimed row's Python cost (bench/RESULTS.md, Speed round three).
+    checked on the first row) becomes the object's ``__dict__`` (cheaper than ``Job(**row)``).
     Each row's ``start_ticket`` is taken out of it first (appended to ``tickets``)."""
     for row in rows:
         ticket = row.pop("start_ticket", 0)
@@ -233,7 +188,7 @@ class JobStore:
 
     async def register_kinds(self, max_attempts: Mapping[str, int]) -> None:
         """Record each kind's ``max_attempts`` (its handler's) in the database, for the jobs
-        enqueued without one from outside the service (``kinds``, migrations/0022)."""
+        enqueued without one from outside the service (the ``kinds`` table)."""
         kinds = sorted(max_attempts)
         await self.db.execute(Q.kinds_register, {"kinds": kinds, "max_attempts": [max_attempts[k] for k in kinds]})
 
@@ -248,11 +203,8 @@ class JobStore:
         of its runs); None: every job counts as started with the claim.
 
         One or two jobs (the worker's claim when it had nothing in hand and was woken)
-        is the same statement with its limit and the lease written in, prepared: it is
-        planned once per connection, for that limit. A batch is not prepared: prepared on one
-        connection, PostgreSQL soon ran its cached plan, and claims from a backlog over
-        1,000 recipients took 11-13 ms against 6 ms planned each time (bench/RESULTS.md,
-        Worker); psycopg's default applies.
+        is the same statement with its limit and the lease written in, prepared; a batch is
+        planned each time (a cached plan was slower on a large backlog: docs/design/worker.md).
         """
         counted = ({"claimant": None, "ticket": 0, "now_n": n} if ahead is None else
                    {"claimant": ahead.claimant, "ticket": ahead.ticket, "now_n": ahead.now_n})
@@ -427,8 +379,8 @@ def _distinct_ids(outcomes: list[Outcome]) -> tuple[list[Outcome], list[Outcome]
 
 
 def _int_array(values: Iterable[int]) -> str:
-    """An array literal (``'{1,2,3}'``) for a ``%(x)s::bigint[]`` parameter: psycopg's list
-    dumper took 16 µs for 37 ids, the literal 2.7 µs (bench/RESULTS.md, Speed round three)."""
+    """An array literal (``'{1,2,3}'``) for a ``%(x)s::bigint[]`` parameter (cheaper than
+    psycopg's list dumper)."""
     return "{" + ",".join(map(str, values)) + "}"
 
 

@@ -1,122 +1,33 @@
-"""The one outcome writer: every write this process makes to the jobs it holds.
+"""The one writer: every write this process makes to the jobs it holds, from one task.
 
-River's executor/completer split (``internal/jobcompleter``): the runners only
-report how a run ended (``report``); this one task writes it, batched:
-
-- every ``Outcome`` (autom/jobs/outcome.py) through ``JobStore.write``: the "done"
-  outcomes of a batch in one statement, the others in another;
-- and between flushes, every ``lease/3``, the renewal of every claim still held
-  (queued, running, or finished but not yet written);
-- the pool's start order (``started``): the highest ticket whose run started, with
-  the next completions, or alone when there are none (``record_starts``).
-
-One writer instead of three (completer, failure path, renewer): two multi-row
-statements of one process updating the same job and recipient rows in different
-orders deadlocked under load (bench/load.py found it); a lock kept them apart
-before. Now they cannot overlap at all, and there is no lock.
-
-A renewal that fails (the database away or stalled) is retried soon; the runs it
-could not extend reach their local deadlines (``Run``, autom/worker/pool.py) and
-are cancelled there, before their leases run out in the database.
+Runners ``report`` how each run ended (an ``Outcome``); the writer records them in batches
+through ``JobStore.write`` (what arrives during a flush goes in the next), renews every
+held claim each ``lease/3`` between flushes, and records the pool's start order. Only
+one task writes these rows, so two statements of this process never update them at
+once (that deadlocked). An outcome the database refuses is dropped alone; any other
+error is retried. Public name: ``Completer``. Design notes: docs/design/worker.md.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
 from autom.bells import Doorbell
 from autom.errors import QueryError
-from autom.jobs.retry import RetryPolicy, describe
-from autom.jobs.store import Ahead
+from autom.jobs.retry import describe
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
-    from autom.db.bridge import Tx
-    from autom.jobs.models import Job
-    from autom.jobs.outcome import Outcome, Written
-    from autom.jobs.retry import RetryPolicy
-    from autom.worker.run import Run
+    from autom.jobs.outcome import Outcome
+    from autom.worker.run import Hooks, QueueStore, Run
 
 log = logging.getLogger("autom.worker")
 
 #: how long the last flush at shutdown may take (shielded)
 CLEANUP_SECONDS = 5.0
-
-
-class QueueStore(Protocol):
-    """What the worker needs of the queue (``JobStore``; unit tests pass a fake)."""
-
-    lease_seconds: float
-    retry: RetryPolicy
-
-    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
-        """Claim up to ``n`` due jobs (``durable`` False: committed asynchronously, to be confirmed;
-        ``ahead``: the pool's start order, filled with each job's ticket)."""
-        ...
-
-    async def register_claimant(self) -> int:
-        """A new row for this pool's start order; its id."""
-        ...
-
-    async def record_starts(self, claimant: int, upto: int) -> None:
-        """Every run of ``claimant`` up to ticket ``upto`` has started."""
-        ...
-
-    async def confirm(self, jobs: Sequence[Job]) -> set[int]:
-        """The ids of these claims that are held, made durable by this call."""
-        ...
-
-    async def retire_idle(self, n: int = 100) -> int:
-        """Sweep: retire recipients whose line has nothing due (the fetcher, going idle)."""
-        ...
-
-    async def write(self, outcomes: Sequence[Outcome], *, tx: Tx | None = None,
-                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
-        """Record outcomes of claims still held (and ``starts``); (what each held claim's job became,
-        whether a recipient they freed may have its next job due)."""
-        ...
-
-    async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
-        """Extend the unexpired leases of these claims; {id: new end} for those still held."""
-        ...
-
-    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Outcome:
-        """The outcome of a run that raised ``error`` (``retry``: its kind's backoff, if it has one)."""
-        ...
-
-
-class Hooks(Protocol):
-    """What the writer tells the pool (``WorkerPool`` implements it)."""
-
-    def held_runs(self) -> list[Run]:
-        """Every claim this process holds now (to renew)."""
-        ...
-
-    def renewed(self, run: Run, started: float) -> None:
-        """``run``'s lease was extended by a renewal sent at ``started`` (trio clock)."""
-        ...
-
-    def lost(self, run: Run) -> None:
-        """``run``'s claim is no longer held: stop it, drop it."""
-        ...
-
-    def written(self, run: Run, outcome: Outcome, result: Written | None) -> None:
-        """``run``'s ``outcome`` is recorded (``result`` None: its claim had been lost, nothing changed)."""
-        ...
-
-    def flushed(self, freed: bool) -> None:
-        """A flush ended; ``freed``: a recipient it freed has its next job due now."""
-        ...
-
-    def dropped(self, run: Run, outcome: Outcome) -> None:
-        """``run``'s ``outcome`` could not be written and never will be: forget the run."""
-        ...
 
 
 class Completer:
@@ -335,8 +246,3 @@ class Completer:
         if self._pending:
             log.error("%d outcomes not recorded; those jobs run again when their leases expire",
                       len(self._pending))
-
-
-def wall_delay(run_at: datetime | None) -> float:
-    """Seconds from now until ``run_at`` (0 when it is due or unknown)."""
-    return max(0.0, run_at.timestamp() - time.time()) if run_at is not None else 0.0

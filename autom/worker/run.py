@@ -1,23 +1,11 @@
-"""``Run``: one claim of one job in this process, from its claim to its recorded outcome.
+"""``Run``: one claim of one job in this process, from its claim to its recorded outcome;
+``QueueStore``: what the worker needs of the queue; ``Hooks``: what its writer tells the pool.
 
-A run carries what a handler's context needs to act for its claim: the job and
-its lease (``key`` = ``(id, lease)``), the cancel scope the handler
-runs in (``scope``, set when the run starts: its runner's), and the run's
-*local* deadline, the local lease end: when the claim was sent (or the last
-successful renewal), plus the lease, less a safety margin. Only a successful
-renewal moves it; when it passes, the pool cancels the run's scope and drops
-the claim, so a handler never outlives its lease.
-
-The scope is the runner's, kept from run to run until one of its runs is
-cancelled, and the deadline is a number the pool's watch compares (``WorkerPool``):
-entering and leaving a trio cancel scope with a deadline for every job cost
-about 5 µs of the worker's ~33 µs of CPU per job (bench/RESULTS.md, Speed
-round three).
-
-``complete_in(tx)`` marks the job done inside a transaction the handler's
-context opened: the handler's own writes and the "done" commit together, or
-neither does (fenced: ``LeaseLost`` when this claim no longer holds the job, so
-the transaction rolls back). The runner then writes nothing more for the run.
+A run holds its job and lease (``key`` = ``(id, lease)``), the cancel scope its handler
+runs in (its runner's), and its *local* deadline: when the claim (or the last successful
+renewal) was sent, plus the lease, less a margin. Only a renewal moves it; the pool stops
+the run there, so a handler never outlives its lease. ``complete_in`` writes the run's
+"done" inside its handler's transaction. Design notes: docs/design/worker.md.
 """
 
 from __future__ import annotations
@@ -31,10 +19,13 @@ from autom.jobs.outcome import Outcome
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from datetime import datetime
 
     from autom.db.bridge import Tx
     from autom.jobs.models import Job
     from autom.jobs.outcome import Written
+    from autom.jobs.retry import RetryPolicy
+    from autom.jobs.store import Ahead
     from autom.worker.tracebacks import RunLog
 
 State = Literal["queued", "running", "finishing", "written", "lost"]
@@ -51,9 +42,74 @@ def lease_margin(lease_seconds: float) -> float:
     return min(5.0, max(0.05, lease_seconds * 0.1))
 
 
-class _Writes(Protocol):
+class QueueStore(Protocol):
+    """What the worker needs of the queue (``JobStore``; unit tests pass a fake)."""
+
+    lease_seconds: float
+    retry: RetryPolicy
+
+    async def claim(self, n: int = 1, *, durable: bool = True, ahead: Ahead | None = None) -> list[Job]:
+        """Claim up to ``n`` due jobs (``durable`` False: committed asynchronously, to be confirmed;
+        ``ahead``: the pool's start order, filled with each job's ticket)."""
+        ...
+
+    async def register_claimant(self) -> int:
+        """A new row for this pool's start order; its id."""
+        ...
+
+    async def record_starts(self, claimant: int, upto: int) -> None:
+        """Every run of ``claimant`` up to ticket ``upto`` has started."""
+        ...
+
+    async def confirm(self, jobs: Sequence[Job]) -> set[int]:
+        """The ids of these claims that are held, made durable by this call."""
+        ...
+
+    async def retire_idle(self, n: int = 100) -> int:
+        """Sweep: retire recipients whose line has nothing due (the fetcher, going idle)."""
+        ...
+
     async def write(self, outcomes: Sequence[Outcome], *, tx: Tx | None = None,
-                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]: ...
+                    starts: tuple[int, int] | None = None) -> tuple[dict[int, Written], bool]:
+        """Record outcomes of claims still held (and ``starts``); (what each held claim's job became,
+        whether a recipient they freed may have its next job due)."""
+        ...
+
+    async def renew(self, jobs: Sequence[Job]) -> dict[int, datetime]:
+        """Extend the unexpired leases of these claims; {id: new end} for those still held."""
+        ...
+
+    def decide(self, job: Job, error: BaseException | str, *, retry: RetryPolicy | None = None) -> Outcome:
+        """The outcome of a run that raised ``error`` (``retry``: its kind's backoff, if it has one)."""
+        ...
+
+
+class Hooks(Protocol):
+    """What the writer tells the pool (``WorkerPool`` implements it)."""
+
+    def held_runs(self) -> list[Run]:
+        """Every claim this process holds now (to renew)."""
+        ...
+
+    def renewed(self, run: Run, started: float) -> None:
+        """``run``'s lease was extended by a renewal sent at ``started`` (trio clock)."""
+        ...
+
+    def lost(self, run: Run) -> None:
+        """``run``'s claim is no longer held: stop it, drop it."""
+        ...
+
+    def written(self, run: Run, outcome: Outcome, result: Written | None) -> None:
+        """``run``'s ``outcome`` is recorded (``result`` None: its claim had been lost, nothing changed)."""
+        ...
+
+    def flushed(self, freed: bool) -> None:
+        """A flush ended; ``freed``: a recipient it freed has its next job due now."""
+        ...
+
+    def dropped(self, run: Run, outcome: Outcome) -> None:
+        """``run``'s ``outcome`` could not be written and never will be: forget the run."""
+        ...
 
 
 class Run:
@@ -77,7 +133,7 @@ class Run:
         self.state: State = "queued"
         #: the claim is known to be gone (a renewal did not find it, or the deadline passed)
         self.lost = False
-        self._store: _Writes = store
+        self._store: QueueStore = store
         #: the claim is on disk: committed durably, or confirmed since (False: an
         #: asynchronous claim the pool's confirmer has not confirmed yet)
         self.confirmed = confirmed

@@ -198,7 +198,7 @@ async def test_the_worker_stops_the_run_of_an_idle_claim_lost_in_a_crash(db: Any
             await wait_until(lambda: ended != [])
         deps.shutdown.value = True
     (lost,) = store.lost
-    assert lost.id == job_id and ended == ["cancelled"] and pool.confirmations == 1
+    assert lost.id == job_id and ended == ["cancelled"] and pool.confirmer.confirmations == 1
     # the operator reads why: not a renewal's failure
     stopped = [r.getMessage() for r in caplog.records if "stopped the handler" in r.getMessage()]
     assert len(stopped) == 1 and stopped[0].startswith("claim lost"), stopped

@@ -154,7 +154,7 @@ async def test_claimed_jobs_not_started_go_back_at_shutdown_without_counting_an_
         await trio.sleep_forever()
 
     pool, _ = make_pool(db, {"hang": hang}, workers=4, batch=4, prefetch=4)
-    pool._kind_s["hang"] = 0.001  # known fast: a whole prefetch waits
+    pool.fetcher.kind_seconds["hang"] = 0.001  # known fast: a whole prefetch waits
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         await wait_until(lambda: _value(len(pool.running) == 4 and len(pool.queued) == 4))
@@ -187,7 +187,7 @@ async def test_no_claim_after_a_completion_that_freed_nothing_but_a_recipients_n
         # a job without a recipient: one claim finds it, and its completion rings nobody
         await store.enqueue(NewJob("note", {"name": "free"}))
         pool.deps.doorbell.set()
-        await wait_until(lambda: _value(pool._completer.flushes == 1))
+        await wait_until(lambda: _value(pool.completer.flushes == 1))
         await trio.sleep(0.3)
         assert len(counting.claims) == 2
         # two jobs of one recipient: the second is claimed when the first's completion frees it

@@ -196,7 +196,7 @@ async def test_a_new_claim_of_an_id_still_held_replaces_the_old_claim(autojump_c
                          [replace(c, attempts=1, lease=1)],
                          [replace(c, attempts=2, lease=2)]]
     pool = make_pool(store, {"k": work}, workers=2, batch=2, prefetch=2)
-    pool._kind_s["k"] = 0.001  # a fast kind: two may wait
+    pool.fetcher.kind_seconds["k"] = 0.001  # a fast kind: two may wait
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         await until(lambda: len(store.claims) >= 3)
@@ -251,7 +251,7 @@ async def test_failing_renewals_cancel_the_handler_at_its_local_deadline(autojum
 async def test_a_runner_whose_run_was_stopped_runs_the_next_jobs_and_each_sees_its_own_deadline(
     autojump_clock: Any,
 ) -> None:
-    """A runner keeps one cancel scope for its runs until it stops one (autom/worker/run.py):
+    """A runner keeps one cancel scope for its runs until it stops one (autom/worker/executor.py):
     after a lost claim and a passed local deadline, the same runner runs the next jobs to the
     end, each bounded by its own lease, and ``ctx.deadline`` is the run's local deadline."""
     store = MemoryStore(lease_seconds=3.0)
