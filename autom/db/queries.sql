@@ -280,12 +280,12 @@ update recipients r set next_due_at = i.next_run from idle i where r.recipient =
 -- itself could wait for the previous batch's durable commit (bench/RESULTS.md, "The
 -- sender's tail": Lock/transactionid behind "Mark claims done").
 -- durable false (the completer): asynchronous commit, see autom/jobs/store.py
--- (set_config(..., true) lasts until this statement's commit). durable true (one
--- claim inside a handler's transaction, JobStore.complete_in): the server's setting,
--- since the caller's transaction holds the handler's writes too.
+-- (set_config(..., true) lasts until this statement's commit). durable true (inside
+-- a handler's transaction: JobStore.write with tx, Run.complete_in): the server's
+-- setting, since the caller's transaction holds the handler's writes too.
 with d as (
     -- found by primary key ("id = any"), each job's lease checked against the one given
-    -- for its id (ids are distinct: JobStore.complete_batch). "(id, lease) in (select *
+    -- for its id (ids are distinct: JobStore.write). "(id, lease) in (select *
     -- from unnest(ids, leases))" checked every pair against every row found (a nested-loop
     -- semi join, 63 x 32 comparisons for a claim's worth), and a join with unnest walked
     -- the running jobs' entries in jobs_kind_status: 2.5-5 µs of PostgreSQL CPU per job

@@ -42,8 +42,8 @@ class NewJob:
 class Job:
     """A claimed job as a worker sees it.
 
-    ``lease`` is this claim's lease value: every write after the claim (complete, fail,
-    renew, ``complete_in``, ``ctx.once``) matches it, so a worker whose lease ran out and
+    ``lease`` is this claim's lease value: every write after the claim (its outcome,
+    renewals, ``complete_in``, ``ctx.once``) matches it, so a worker whose lease ran out and
     whose job was claimed again changes nothing. No two claims of a job get the same
     value (migrations/0014); ``generation`` is the claim count it carries.
     """
