@@ -52,6 +52,8 @@ class Executor:
     def __init__(self, deps: Deps, handlers: Mapping[str, HandlerSpec], store: QueueStore, claims: Claims,
                  fetcher: Fetcher, confirmer: Confirmer, completer: Completer,
                  make_context: Callable[[Run], Any]) -> None:
+        # the other roles it works with, as WorkerPool wires them (a constructor's
+        # assignments, like every other one: what duplicates pairs it with)
         self.deps = deps
         self.handlers = handlers
         self.store = store
