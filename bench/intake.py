@@ -434,7 +434,7 @@ def hop(args: argparse.Namespace) -> int:
     """CPU time and rate of the intake's database hop alone, in its variants (no HTTP).
 
     ``select 1`` is the floor of any hop (thread, pool, round trip). ``transaction`` is
-    the first design: ``db.run`` with the event insert and ``insert_jobs_sync`` (BEGIN,
+    the first design: ``db.transaction()`` with the event insert and ``insert_jobs`` (BEGIN,
     two statements, COMMIT: four round trips). ``statement`` is one ``intake_store``
     statement (a delivery that found no hop in flight). ``batch of 8 / 16`` is the
     group commit: one ``intake_store_many`` statement storing that many deliveries in
@@ -451,7 +451,7 @@ def hop(args: argparse.Namespace) -> int:
     from autom.db.queries import Q
     from autom.events import batch_items, store_params
     from autom.jobs.models import NewJob
-    from autom.jobs.store import insert_jobs_sync
+    from autom.jobs.store import insert_jobs
 
     counter = itertools.count(1)
 
@@ -466,15 +466,16 @@ def hop(args: argparse.Namespace) -> int:
 
     headers = {"content-type": "application/json", "host": "127.0.0.1:8000", "content-length": "170"}
 
-    def transaction(conn: psycopg.Connection[Any], body: str, jobs: list[NewJob]) -> None:
-        # the first design's event insert (it lived in queries_intake.sql then)
-        row = conn.execute(
-            "insert into events (source, headers, body, dedup_key) values (%(source)s, %(headers)s::jsonb,"
-            " %(body)s, %(dedup_key)s) on conflict (source, dedup_key) do nothing returning id",
-            store_params("telegram", headers, body, body[:20], []),
-        ).fetchone()
-        assert row is not None
-        insert_jobs_sync(conn, [NewJob(**{**j.__dict__, "event_id": row["id"]}) for j in jobs])
+    async def transaction(db: Any, body: str, jobs: list[NewJob]) -> None:
+        async with db.transaction() as tx:
+            # the first design's event insert (it lived in queries_intake.sql then)
+            row = await tx.fetch_one(
+                "insert into events (source, headers, body, dedup_key) values (%(source)s, %(headers)s::jsonb,"
+                " %(body)s, %(dedup_key)s) on conflict (source, dedup_key) do nothing returning id",
+                store_params("telegram", headers, body, body[:20], []),
+            )
+            assert row is not None
+            await insert_jobs(tx, [NewJob(**{**j.__dict__, "event_id": row["id"]}) for j in jobs])
 
     async def measure(db: Any, name: str, tasks: int, per_task: int, per_call: int, call: Any) -> None:
         async def worker() -> None:
@@ -499,7 +500,7 @@ def hop(args: argparse.Namespace) -> int:
 
             async def tx() -> None:
                 body, jobs = delivery()
-                await db.run(transaction, body, jobs)
+                await transaction(db, body, jobs)
 
             async def statement() -> None:
                 body, jobs = delivery()

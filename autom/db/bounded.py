@@ -11,8 +11,6 @@ the filter" or a dash instead of a number.
 
 from __future__ import annotations
 
-from typing import Any
-
 from autom.db.bridge import Database, Params, Row
 from autom.db.queries import Q
 
@@ -20,11 +18,8 @@ from autom.db.queries import Q
 QUERY_CANCELED = "57014"
 
 
-def _bounded_fetch_all(conn: Any, ms: int, query: str, params: Params | None) -> list[Row]:
-    conn.execute(Q.ops_statement_timeout, {"ms": str(ms)})
-    return list(conn.execute(query, params).fetchall())
-
-
 async def fetch_all_bounded(db: Database, query: str, params: Params | None = None, *, seconds: float) -> list[Row]:
     """Every row of ``query``, or ``QueryError`` (sqlstate 57014, from the bridge) if it ran past ``seconds``."""
-    return await db.run(_bounded_fetch_all, max(1, round(seconds * 1000)), query, params)
+    async with db.transaction() as tx:
+        await tx.execute(Q.ops_statement_timeout, {"ms": str(max(1, round(seconds * 1000)))})
+        return await tx.fetch_all(query, params)

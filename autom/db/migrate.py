@@ -30,11 +30,11 @@ import hashlib
 import itertools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
@@ -107,41 +107,44 @@ def read_migrations(directory: str | Path) -> list[Migration]:
     return found
 
 
-def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration] | None = None,
-                  user: Sequence[Migration] = ()) -> list[Migration]:
-    """Apply what is not applied yet, on ``conn`` inside its current transaction.
+#: One statement of a migration run: the query, its parameters, and whether its rows are wanted.
+_Step = tuple[str | bytes, dict[str, Any] | None, bool]
 
-    ``migrations`` defaults to ``available_migrations()``; ``user`` (the App's own,
-    ``read_migrations``) are applied after them and recorded apart. Returns the
-    migrations applied now (empty when the database was up to date). Raises
-    ``MigrationChanged`` when an applied migration's file was edited since.
+
+def _steps(migrations: Sequence[Migration] | None,
+           user: Sequence[Migration]) -> Generator[_Step, list[Any], list[Migration]]:
+    """The statements of a migration run, each sent its rows back; returns the migrations applied.
+
+    One plan, two drivers: ``apply_pending`` (a plain sync connection) and
+    ``apply_migrations`` (a ``Database.transaction()``).
     """
     # for this transaction only: the migrations and the wait for another runner's lock
-    conn.execute("set local statement_timeout = 0")
-    conn.execute("set local lock_timeout = 0")
-    if not _row_value(conn.execute(Q.migrations_try_lock).fetchone()):
+    yield "set local statement_timeout = 0", None, False
+    yield "set local lock_timeout = 0", None, False
+    locked = yield Q.migrations_try_lock, None, True
+    if not _row_value(locked[0] if locked else None):
         log.info("waiting for another process that is applying migrations (advisory lock)")
-        conn.execute(Q.migrations_lock)
-    conn.execute(Q.migrations_table)
+        yield Q.migrations_lock, None, False
+    yield Q.migrations_table, None, False
     shipped = available_migrations() if migrations is None else sorted(migrations, key=lambda m: m.version)
-    done = _apply(conn, shipped, Q.migrations_applied, Q.migrations_record)
+    done = yield from _apply(shipped, Q.migrations_applied, Q.migrations_record)
     if user:
-        conn.execute(Q.user_migrations_table)
-        done += _apply(conn, sorted(user, key=lambda m: m.version), Q.user_migrations_applied,
-                       Q.user_migrations_record)
+        yield Q.user_migrations_table, None, False
+        done += yield from _apply(sorted(user, key=lambda m: m.version), Q.user_migrations_applied,
+                                  Q.user_migrations_record)
     return done
 
 
-def _apply(conn: psycopg.Connection[Any], shipped: Sequence[Migration], applied_query: str,
-           record_query: str) -> list[Migration]:
+def _apply(shipped: Sequence[Migration], applied_query: str,
+           record_query: str) -> Generator[_Step, list[Any], list[Migration]]:
     """Check the applied ones' checksums, then apply the rest of ``shipped`` in order."""
-    applied = {_row(row)[0]: _row(row)[1] for row in conn.execute(applied_query).fetchall()}
+    applied = {_row(row)[0]: _row(row)[1] for row in (yield applied_query, None, True)}
     for mig in shipped:
         if mig.version not in applied:
             continue
         recorded = applied[mig.version]
         if recorded is None:  # applied before checksums were kept: trust the file from now on
-            conn.execute(Q.migrations_checksum, {"version": mig.version, "checksum": mig.checksum})
+            yield Q.migrations_checksum, {"version": mig.version, "checksum": mig.checksum}, False
         elif recorded != mig.checksum:
             where = f" ({mig.path})" if mig.path is not None else ""
             raise MigrationChanged(f"migration {mig.label}{where} was changed after it was applied to this "
@@ -151,10 +154,29 @@ def _apply(conn: psycopg.Connection[Any], shipped: Sequence[Migration], applied_
         if mig.version in applied:
             continue
         log.info("applying migration %s", mig.label)
-        conn.execute(mig.sql.encode())  # bytes: a plain script, no placeholder parsing
-        conn.execute(record_query, {"version": mig.version, "name": mig.name, "checksum": mig.checksum})
+        yield mig.sql.encode(), None, False  # bytes: a plain script, no placeholder parsing
+        yield record_query, {"version": mig.version, "name": mig.name, "checksum": mig.checksum}, False
         done.append(mig)
     return done
+
+
+def apply_pending(conn: psycopg.Connection[Any], migrations: Sequence[Migration] | None = None,
+                  user: Sequence[Migration] = ()) -> list[Migration]:
+    """Apply what is not applied yet, on ``conn`` (a plain sync connection) inside its current transaction.
+
+    ``migrations`` defaults to ``available_migrations()``; ``user`` (the App's own,
+    ``read_migrations``) are applied after them and recorded apart. Returns the
+    migrations applied now (empty when the database was up to date). Raises
+    ``MigrationChanged`` when an applied migration's file was edited since.
+    """
+    steps = _steps(migrations, user)
+    try:
+        query, params, wanted = next(steps)
+        while True:
+            cursor = conn.execute(query, params)
+            query, params, wanted = steps.send(cursor.fetchall() if wanted else [])
+    except StopIteration as stop:
+        return cast(list[Migration], stop.value)
 
 
 def _row(row: Any) -> tuple[Any, Any]:
@@ -173,6 +195,23 @@ def apply_migrations_sync(conn: psycopg.Connection[Any], user: Sequence[Migratio
         return apply_pending(conn, user=user)
 
 
-async def apply_migrations(db: Database, user: Sequence[Migration] = ()) -> list[Migration]:
-    """Apply pending migrations (autom's, then ``user``) through the trio bridge (one transaction, one hop)."""
-    return await db.run(lambda conn: apply_pending(conn, user=user))
+async def apply_migrations(db: Database, user: Sequence[Migration] = (), *,
+                           migrations: Sequence[Migration] | None = None) -> list[Migration]:
+    """Apply pending migrations (autom's, or ``migrations``; then ``user``) in one ``db.transaction()``.
+
+    Returns the migrations applied now; raises ``MigrationChanged`` as ``apply_pending``
+    does, and the database's errors as ``autom.db`` translates them.
+    """
+    async with db.transaction() as tx:
+        steps = _steps(migrations, user)
+        try:
+            query, params, wanted = next(steps)
+            while True:
+                if wanted:
+                    rows = await tx.fetch_all(query, params)
+                else:
+                    await tx.execute(query, params)
+                    rows = []
+                query, params, wanted = steps.send(rows)
+        except StopIteration as stop:
+            return cast(list[Migration], stop.value)

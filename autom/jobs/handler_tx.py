@@ -21,7 +21,7 @@ import trio
 
 from autom.db.queries import Q
 from autom.errors import DatabaseUnavailable
-from autom.jobs.store import insert_jobs_sync
+from autom.jobs.store import insert_jobs
 
 if TYPE_CHECKING:
     from autom.db.bridge import Database, Tx
@@ -97,7 +97,7 @@ class HandlerTransaction:
 
     async def enqueue(self, job: NewJob) -> int | None:
         """Insert ``job`` in the transaction; its id, or None when a job of its kind has its key."""
-        ids = await self._first(lambda tx: tx.run(insert_jobs_sync, [job]))
+        ids = await self._first(lambda tx: insert_jobs(tx, [job]))
         return ids[0] if ids else None
 
     async def fetch_val(self, query: str, params: dict[str, Any]) -> Any:

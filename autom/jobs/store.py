@@ -5,7 +5,7 @@ guarded by state and lease: a claim gives its job a new lease value, and every l
 write matches ``(id, lease, status='running')``, so a claim that lost its job changes
 nothing. "done" outcomes and the idle path's claim commit asynchronously (a server
 crash may lose them, never the fence: the job runs again); the rest commits durably.
-Also ``Ahead`` (a pool's start order), ``insert_jobs_sync`` (jobs in a caller's
+Also ``Ahead`` (a pool's start order), ``insert_jobs`` (jobs in a caller's
 transaction), ``MAX_DEFER_SECONDS``. Design notes: docs/design/worker.md.
 """
 
@@ -26,7 +26,7 @@ from autom.jobs.outcome import DONE, Outcome, Written
 from autom.jobs.retry import RetryPolicy, describe, error_text, is_final
 
 if TYPE_CHECKING:
-    from autom.db.bridge import Conn, Database, Tx
+    from autom.db.bridge import Database, Tx
 
 #: Default of MAX_DEFER_SECONDS: how long a job's refused deferrals (Telegram's 429s)
 #: may last in a row before it fails for good (``Defer.refused``).
@@ -79,8 +79,8 @@ def created_or_none(jobs: Sequence[NewJob], rows: Iterable[tuple[int | None, int
     return ids
 
 
-def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int | None]:
-    """Insert ``jobs`` on ``conn`` (in its transaction); per job, in order, its new id or None.
+async def insert_jobs(tx: Tx, jobs: Sequence[NewJob]) -> list[int | None]:
+    """Insert ``jobs`` in ``tx`` (they commit or roll back with it); per job, in order, its new id or None.
 
     None: a job of its kind with its key exists, so nothing was created (one info line
     names that job, ``created_or_none``). Two jobs of one kind and key in ``jobs``: the
@@ -88,7 +88,7 @@ def insert_jobs_sync(conn: Conn, jobs: Sequence[NewJob]) -> list[int | None]:
     """
     if not jobs:
         return []
-    rows = conn.execute(Q.enqueue_each, {"jobs": jobs_json(jobs)}).fetchall()
+    rows = await tx.fetch_all(Q.enqueue_each, {"jobs": jobs_json(jobs)})
     return created_or_none(jobs, [(row["id"], row["existing"]) for row in rows])
 
 
@@ -168,7 +168,7 @@ class JobStore:
         kind and key exist: logged at info, naming that job). Inside ``tx`` when given."""
         jobs = list(jobs)
         if tx is not None:
-            return await tx.run(insert_jobs_sync, jobs)
+            return await insert_jobs(tx, jobs)
         if not jobs:
             return []
         rows = await self.db.fetch_all(Q.enqueue_each, {"jobs": jobs_json(jobs)}, prepare=True)
@@ -179,7 +179,7 @@ class JobStore:
         kind and key exist is skipped without a word (the ticker's slots: every replica
         enqueues each one); ``enqueue_each`` says which."""
         if tx is not None:
-            return [i for i in await tx.run(insert_jobs_sync, list(jobs)) if i is not None]
+            return [i for i in await insert_jobs(tx, list(jobs)) if i is not None]
         if not jobs:
             return []
         # one autocommit statement (atomic on its own): no BEGIN/COMMIT round trips

@@ -1,9 +1,9 @@
 """``intake_store`` (queries_intake.sql) must enqueue exactly as the queue's ``enqueue_many`` does.
 
 The intake stores an event and its jobs in one statement for speed, through
-``autom_enqueue``; ``insert_jobs_sync`` goes through ``autom_enqueue_each``, which
+``autom_enqueue``; ``insert_jobs`` runs ``enqueue_each`` (``autom_enqueue_each``), which
 answers per job (migrations/0022). These tests run the same jobs through both (the
-reference: ``insert_jobs_sync`` in a transaction after inserting the event) and compare every column of ``jobs`` and
+reference: ``enqueue_each`` in a transaction after inserting the event) and compare every column of ``jobs`` and
 ``recipients`` but ids and clock readings, so the event wrapper can never change
 how jobs are stored.
 """
@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from autom.db.queries import Q
 from autom.events import store_params
 from autom.jobs.models import NewJob
-from autom.jobs.store import insert_jobs_sync
+from autom.jobs.store import jobs_json
 
 # set from the clock, so they differ between two runs of the same input
 CLOCK_COLUMNS = {"created_at", "updated_at", "run_at", "due_at", "next_due_at", "locked_until", "received_at"}
@@ -46,6 +46,11 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     """An autocommit connection with dict rows, as the bridge's pool hands out."""
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as connection:
         yield connection
+
+
+def insert_jobs_sync(conn: psycopg.Connection[Any], jobs: list[NewJob]) -> list[int | None]:
+    """The statement ``autom.jobs.store.insert_jobs`` runs, on a sync connection: per job its id or None."""
+    return [row["id"] for row in conn.execute(Q.enqueue_each, {"jobs": jobs_json(jobs)}).fetchall()]
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:

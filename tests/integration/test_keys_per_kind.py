@@ -13,7 +13,7 @@ import pytest
 import autom
 from autom import App, HandlerContext, Job
 from autom.jobs.models import NewJob
-from autom.jobs.store import JobStore, insert_jobs_sync
+from autom.jobs.store import JobStore, insert_jobs
 from autom.testing import open_testbed
 from autom.ticker import due_jobs
 
@@ -87,9 +87,9 @@ async def test_an_existing_key_creates_nothing_returns_none_and_logs_one_line_na
         assert conn.execute("select id, payload from jobs").fetchall() == [(job_id, {"id": 42})]
 
 
-async def test_insert_jobs_sync_answers_per_job_in_the_order_given(db, dsn: str,
+async def test_insert_jobs_answers_per_job_in_the_order_given(db, dsn: str,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    """``insert_jobs_sync(conn, jobs)`` (what ctx.enqueue calls in the handler's transaction):
+    """``insert_jobs(tx, jobs)`` (what ctx.enqueue calls in the handler's transaction):
     one answer per job, aligned with ``jobs``: the new id or None."""
     store = JobStore(db)
     taken = await store.enqueue(NewJob("a", key="k1"))
@@ -97,7 +97,7 @@ async def test_insert_jobs_sync_answers_per_job_in_the_order_given(db, dsn: str,
             NewJob("c", recipient="r1")]
     caplog.set_level(logging.INFO, logger="autom.enqueue")
     async with db.transaction() as tx:
-        ids = await tx.run(insert_jobs_sync, jobs)
+        ids = await insert_jobs(tx, jobs)
     assert [i is None for i in ids] == [False, True, False, True, False, False]
     made = [i for i in ids if i is not None]
     assert made == sorted(made)  # ids ascend in the order given
@@ -204,7 +204,7 @@ async def test_retention_never_reopens_a_slot_that_lasts_longer_than_the_key_kee
 async def test_ctx_enqueue_of_an_existing_key_returns_none_and_logs_the_job(
     dsn: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Inside a handler (ctx.enqueue through insert_jobs_sync): the id, then None and one
+    """Inside a handler (ctx.enqueue through insert_jobs): the id, then None and one
     info line naming the job that has the kind and key; another kind gets its own job."""
     app = App()
     answers: list[int | None] = []

@@ -103,7 +103,7 @@ async def test_migrations_run_without_the_statement_timeout_and_a_second_runner_
                 await release.wait()
 
         async def second() -> None:
-            done.append(await db.run(apply_pending, [slow]))
+            done.append(await apply_migrations(db, migrations=[slow]))
 
         caplog.set_level(logging.INFO, logger="autom.migrate")
         with trio.fail_after(30):
