@@ -311,10 +311,9 @@ class HandlerContext:
         block with that block's key (a savepoint in the transaction).
 
         ``async with ctx.transaction() as tx: await tx.execute(sql, params)``; ``tx`` has
-        ``execute``, ``fetch_all``, ``fetch_one``, ``fetch_val`` and ``run(fn)`` (``fn(conn)``
-        with a psycopg connection). A block that raises undoes its own writes; a handler
-        that raises (or loses its lease) commits none. The transaction holds a database
-        connection from its first block until the job is completed.
+        ``execute``, ``fetch_all``, ``fetch_one`` and ``fetch_val``. A block that raises
+        undoes its own writes; a handler that raises (or loses its lease) commits none. The
+        transaction holds a database connection from its first block until the job is completed.
         """
         async with self._state.current_tx().block() as tx:
             yield tx

@@ -130,8 +130,8 @@ async def run_service(
     log.info("registered %s", registry.describe())
     tz = ZoneInfo(settings.tz) if settings.tz else process_zone()
     # pool_timeout: while the database is down, a call (a webhook's 503, a claim) gives
-    # up after 1 s instead of psycopg_pool's default wait. Under load, calls queue on
-    # the bridge's limiter (one slot per pool connection), not on this timeout.
+    # up after 1 s instead of the default 5 s. Under load, calls queue on the pool's
+    # limiter (one slot per connection), not on this timeout.
     # An intake-only replica runs no workers, so it needs no connection for them: 8 serve
     # the intake's group commit (one hop at a time), /health, /metrics and /admin.
     works = settings.role in ("all", "worker")

@@ -1,46 +1,13 @@
-"""psycopg's async API on trio, without a thread hop: a connection class and a small pool.
+"""psycopg's async API on trio without a thread: ``TrioConnection`` and its pool ``TrioPool``.
 
-psycopg 3 writes its protocol as generators (``psycopg.generators``) that yield
-``Wait.R``/``Wait.W``/``Wait.RW`` when they would block; ``AsyncConnection.wait``
-is the single point where an async connection waits for its socket (and
-``waiting.wait_conn_async`` for connect and cancel, whose socket may change).
-:class:`TrioConnection` overrides those with ``trio.lowlevel.wait_readable`` /
-``wait_writable`` on the connection's socket, and its ``lock`` is a trio lock, so
-every method of ``psycopg.AsyncConnection`` and its cursors runs on trio (a
-``select 1`` costs one trip through trio's scheduler instead of two thread hops).
-
-Private psycopg names this relies on (psycopg is pinned to one minor version and
-``tests/unit/test_native_psycopg_names.py`` touches each of them):
-``BaseConnection._connect_gen``, ``_cancel_gen``, ``_should_cancel``, ``_pipeline``, the ``lock``
-attribute, ``errors._WaitTimeout`` (what ``notifies(timeout=)`` expects from
-``wait``), the undocumented ``AsyncConnection.wait`` itself, and the
-``psycopg.waiting.Wait``/``Ready`` values.
-
-Cancellation. A trio cancel while a statement runs on the server (the connection
-is ACTIVE) sends a server-side cancel (libpq's non-blocking cancel, driven the
-same way), then keeps reading until the server has answered, all shielded and
-bounded by ``grace`` seconds (and by ``stop_by``, if its caller set one); if that
-fails the connection is closed. Only then does ``trio.Cancelled`` propagate, so
-the connection is either clean or closed.
-
-Host names. libpq would resolve them synchronously inside ``connect_start``;
-connecting resolves them first in a worker thread (``conninfo_attempts``), as
-psycopg's asyncio connect does with the loop's resolver.
-
-The pool (:class:`TrioPool`) hands out connections to one task at a time. It
-does not limit concurrency itself: the caller holds a slot of a
-``trio.CapacityLimiter`` of ``max_size`` tokens (``autom.db.bridge`` shares it
-with its threaded pool), so there is always an idle connection or room to open
-one. Idle connections are kept most-recently-used first (warm backends and
-prepared statements); those idle longer than ``max_idle`` are closed when the pool
-is above ``min_size``. A connection older than ``max_lifetime`` (an hour, less up to
-5 % so that they do not all go at once; psycopg_pool's default, which the threaded
-pool keeps) is closed when it is given back or found idle, whatever the pool's
-size: a backend's memory (caches, prepared plans) only grows, and a server-side
-setting changed meanwhile reaches a pool only through new connections. A
-connection whose socket has something to read while idle (a server restart or
-``pg_terminate_backend`` leaves EOF/FATAL there) is closed when found, and its idle
-siblings are checked the same way.
+Owns how a psycopg connection waits (``wait``: trio's socket waits; ``lock``: a trio lock),
+connects (host names resolved in a thread: libpq's lookup has no async form), cancels, closes.
+Invariants: a trio cancel while a statement runs on the server sends a server-side cancel and
+reads its answer (shielded, within ``cancel_grace`` and ``stop_by``) or closes the connection,
+so it is clean or closed when ``Cancelled`` propagates. The pool lends a connection to one task
+at a time, most recently used first; it closes those idle past ``max_idle`` (above ``min_size``),
+past ``max_lifetime``, or found dead. Private psycopg names: tests/unit/test_native_psycopg_names.py.
+Public: ``TrioConnection``, ``TrioPool``, ``stop_by``, ``CANCEL_GRACE_SECONDS``. Why: docs/design/db.md.
 """
 
 from __future__ import annotations
@@ -65,7 +32,7 @@ from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.types.json import JsonbLoader, JsonLoader
 from psycopg.waiting import Ready, Wait
 
-__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool", "has_unread_input", "stop_by"]
+__all__ = ["CANCEL_GRACE_SECONDS", "TrioConnection", "TrioPool", "stop_by"]
 
 log = logging.getLogger("autom.db")
 
@@ -108,8 +75,7 @@ class _JsonbLoader(JsonbLoader):
 class _JsonLoader(JsonLoader):
     """json (text), as ``_JsonbLoader``."""
 
-    def load(self, data: Buffer) -> Any:
-        return _decode_json(str(data, "utf-8", "surrogatepass"))
+    load = _JsonbLoader.load
 
 
 def _ready_now(fileno: int, state: int) -> int:
@@ -126,13 +92,8 @@ def _ready_now(fileno: int, state: int) -> int:
 
 
 async def _wait_either(fileno: int) -> int:
-    """Wait until ``fileno`` is readable or writable (``Wait.RW``: libpq's send buffer was full).
-
-    A cancel from outside comes out as a plain ``trio.Cancelled``, as from every other
-    wait here: the nursery would raise the two waits' ``Cancelled`` as an exception
-    group, which ``TrioConnection.wait`` (and callers such as the worker's hand-back
-    at shutdown) would not recognise as a cancel.
-    """
+    """Wait until ``fileno`` is readable or writable (``Wait.RW``: libpq's send buffer was full);
+    a cancel comes out as a plain ``trio.Cancelled``, not the nursery's exception group."""
     ready = 0
     try:
         async with trio.open_nursery() as nursery:
@@ -187,16 +148,8 @@ async def wait_conn(gen: Generator[tuple[int, Wait], int, RV]) -> RV:
 
 
 class _TaskLock:
-    """``AsyncConnection.lock`` for trio: a ``trio.Lock`` taken without a checkpoint when free.
-
-    Not for speed (a plain ``trio.Lock`` measured as fast): for psycopg's cleanup
-    code. asyncio delivers a cancel once; trio raises ``Cancelled`` again at every
-    checkpoint of a cancelled task. psycopg takes the lock in ``finally`` blocks
-    (``pipeline()`` detaching the pipeline after a cancelled sync), and a plain
-    ``trio.Lock`` raised there and skipped the cleanup: the next statement on the
-    connection failed with "another command is already in progress". Like
-    ``trio.Lock`` it refuses a release by a task that does not hold it.
-    """
+    """``AsyncConnection.lock`` for trio: a ``trio.Lock`` taken without a checkpoint when free, so
+    that psycopg's cleanup in ``finally`` blocks runs in a cancelled task (docs/design/db.md)."""
 
     __slots__ = ("_lock",)
 
@@ -217,11 +170,8 @@ class _TaskLock:
 
 
 class TrioConnection(psycopg.AsyncConnection[Any]):
-    """A ``psycopg.AsyncConnection`` that waits with trio (see the module docstring).
-
-    Make one with :meth:`connect_trio`, close it with :meth:`close` (or
-    :meth:`close_now` outside async code).
-    """
+    """A ``psycopg.AsyncConnection`` that waits with trio: make it with :meth:`connect_trio`, close
+    it with :meth:`close` (or :meth:`close_now` outside async code)."""
 
     cancel_grace: float = CANCEL_GRACE_SECONDS
 
@@ -241,7 +191,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         """Connect (every host of ``conninfo`` in turn, each within its ``connect_timeout``)."""
         params = conninfo_to_dict(conninfo, **kwargs)
         timeout = timeout_from_conninfo(params)
-        # DNS in a thread (libpq would block the trio loop): one hop per new connection, not per call
+        # to_thread: libpq's host name lookup blocks and has no async form (one hop per new connection)
         attempts = await trio.to_thread.run_sync(conninfo_attempts, params)
         failures: list[psycopg.Error] = []
         conn: TrioConnection | None = None
@@ -266,12 +216,8 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                 raise
         return conn
 
-    async def wait(
-        self,
-        gen: Generator[Wait, int, RV],
-        interval: float = 0.1,
-        timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature)
-    ) -> RV:
+    async def wait(self, gen: Generator[Wait, int, RV], interval: float = 0.1,
+                   timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
         """Consume a generator operating on the connection, waiting with trio.
 
         ``timeout`` (used by ``notifies(timeout=)``): raise psycopg's
@@ -283,10 +229,8 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
             raise e._WaitTimeout("wait timeout expired")
         fileno = self.pgconn.socket
         if self.pgconn.transaction_status != _ACTIVE:
-            # a cancelled caller sends nothing. Not while a statement is on its way or
-            # running (a pipeline's exit after a big send, say): a cancel raised here would
-            # leave it running with no cancel sent; it is taken at the first socket wait
-            # below instead, which stops the statement on the server first
+            # a cancelled caller sends nothing; mid-statement (a pipeline's exit after a big send)
+            # the cancel is taken at the socket wait below, which stops it on the server first
             await trio.lowlevel.checkpoint_if_cancelled()
         state: int = _WAIT_R
         try:
@@ -366,7 +310,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         )
 
 
-def has_unread_input(conn: psycopg.BaseConnection[Any]) -> bool:
+def _has_unread_input(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether an idle connection's socket has something to read (EOF or a FATAL when the server left)."""
     try:
         poller = select.poll()
@@ -379,17 +323,9 @@ def has_unread_input(conn: psycopg.BaseConnection[Any]) -> bool:
 class TrioPool:
     """Connections for one task at a time; the caller bounds concurrency (see the module docstring)."""
 
-    def __init__(
-        self,
-        conninfo: str,
-        connect_kwargs: dict[str, Any],
-        *,
-        min_size: int,
-        max_size: int,
-        max_idle: float = 600.0,
-        max_lifetime: float = MAX_LIFETIME_SECONDS,
-        reconnect_pause: float = 0.05,
-    ) -> None:
+    def __init__(self, conninfo: str, connect_kwargs: dict[str, Any], *, min_size: int, max_size: int,
+                 max_idle: float = 600.0, max_lifetime: float = MAX_LIFETIME_SECONDS,
+                 reconnect_pause: float = 0.05) -> None:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs
         self.min_size = min_size
@@ -448,7 +384,7 @@ class TrioPool:
             if conn.expires_at <= trio.current_time():
                 self._drop(conn)  # past max_lifetime
                 continue
-            if conn.pgconn.status == ConnStatus.OK and not has_unread_input(conn):
+            if conn.pgconn.status == ConnStatus.OK and not _has_unread_input(conn):
                 return conn
             # Dead (server restarted, backend terminated): nothing was sent on it yet.
             log.info("discarding a dead database connection")
@@ -485,7 +421,7 @@ class TrioPool:
 
     def sweep(self) -> None:
         """Close the idle connections whose socket says the server left."""
-        for conn in [c for c in self._idle if c.pgconn.status != ConnStatus.OK or has_unread_input(c)]:
+        for conn in [c for c in self._idle if c.pgconn.status != ConnStatus.OK or _has_unread_input(c)]:
             self._idle.remove(conn)
             self._drop(conn)
 

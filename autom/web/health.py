@@ -26,7 +26,7 @@ from autom.web.responses import json_response
 
 #: How long the database gets to answer ``select 1``.
 PING_TIMEOUT = 1.0
-# Headroom over PING_TIMEOUT for the thread hop; the route never waits longer than this.
+# Headroom over PING_TIMEOUT for a cancelled ping's stop; the route never waits longer than this.
 _HARD_TIMEOUT = PING_TIMEOUT + 0.25
 
 _NO_STORE = {"Cache-Control": "no-store"}

@@ -1,4 +1,4 @@
-"""The psycopg bridge for trio against a real PostgreSQL: basics, cancellation, restarts, LISTEN.
+"""autom.db's Database and Tx against a real PostgreSQL: basics, transactions, cancellation, restarts, LISTEN.
 
 Runs on the session's server (``empty_dsn``: no migrations needed), except the
 restart test, which starts its own throwaway embedded PostgreSQL so that it can
@@ -7,6 +7,7 @@ stop and start it without disturbing anyone else's tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -109,11 +110,10 @@ async def test_execute_and_fetch_with_params_give_dict_rows(empty_dsn: str) -> N
         assert await db.fetch_val("select name from t where id = %s", [99]) is None
         assert await db.execute("update t set name = upper(name) where id > %s", [1]) == 2
 
-        def names(conn: psycopg.Connection[Any], above: int) -> list[str]:
-            assert conn.execute("select 1 as x").fetchone() == {"x": 1}  # dict rows inside run too
-            return [r["name"] for r in conn.execute("select name from t where id > %s order by id", [above])]
-
-        assert await db.run(names, 1) == ["TWO", "THREE"]
+        async with db.transaction() as tx:
+            assert await tx.fetch_one("select 1 as x") == {"x": 1}  # dict rows inside a transaction too
+            assert await tx.fetch_all("select name from t where id > %s order by id", [1]) == [
+                {"name": "TWO"}, {"name": "THREE"}]
         assert await db.ping() is True
         assert db.stats["size"] >= 1 and db.stats["waiting"] == 0
 
@@ -175,12 +175,10 @@ async def test_trio_timeout_cancels_the_query_on_the_server(empty_dsn: str) -> N
         assert await db.fetch_val("select pg_backend_pid()") == pid_before
         assert time.monotonic() - started < 0.2
 
-        # the same through run(), where the query is inside a transaction
-        def sleep(conn: psycopg.Connection[Any]) -> None:
-            conn.execute("select pg_sleep(10)")
-
+        # the same inside a transaction
         with trio.move_on_after(0.3):
-            await db.run(sleep)
+            async with db.transaction() as tx:
+                await tx.execute("select pg_sleep(10)")
         assert await sleeping_queries(empty_dsn, name) == []
         assert await db.fetch_val("select pg_backend_pid()") == pid_before
 
@@ -200,45 +198,36 @@ async def test_cancel_while_waiting_for_a_connection(empty_dsn: str) -> None:
 # -- 3. transactions -------------------------------------------------------
 
 
-async def test_run_rolls_back_when_fn_raises(empty_dsn: str) -> None:
+async def test_a_savepoint_keeps_the_rest_of_the_transaction(empty_dsn: str) -> None:
     async with open_database(empty_dsn, max_size=2) as db:
         await db.execute("create table r (id int)")
+        async with db.transaction() as tx:
+            await tx.execute("insert into r values (9)")
+            await tx.execute("savepoint s")
+            with raises_query_error(errors.DivisionByZero):
+                await tx.execute("select 1 / 0")
+            await tx.execute("rollback to savepoint s")
+            await tx.execute("insert into r values (10)")
+        assert await db.fetch_all("select id from r order by id") == [{"id": 9}, {"id": 10}]
 
-        def insert_then_fail(conn: psycopg.Connection[Any]) -> None:
-            conn.execute("insert into r values (1)")
-            raise ValueError("boom")
 
-        with pytest.raises(ValueError, match="boom"):
-            await db.run(insert_then_fail)
-        assert await db.fetch_val("select count(*) from r") == 0
-
-        def insert(conn: psycopg.Connection[Any], value: int) -> int:
-            conn.execute("insert into r values (%s)", [value])
-            return value
-
-        assert await db.run(insert, 7) == 7
-        assert await db.fetch_all("select id from r") == [{"id": 7}]
-
-        def swallow(conn: psycopg.Connection[Any]) -> str:
-            conn.execute("insert into r values (8)")
-            try:
-                conn.execute("select 1 / 0")
-            except errors.DivisionByZero:
-                pass  # without a savepoint the whole transaction is lost
-            return "done"
-
-        with raises_query_error(errors.InFailedSqlTransaction):
-            await db.run(swallow)
-        assert await db.fetch_all("select id from r") == [{"id": 7}]
-
-        def with_savepoint(conn: psycopg.Connection[Any]) -> str:
-            conn.execute("insert into r values (9)")
-            with pytest.raises(errors.DivisionByZero), conn.transaction():
-                conn.execute("select 1 / 0")
-            return "done"
-
-        assert await db.run(with_savepoint) == "done"
-        assert await db.fetch_all("select id from r order by id") == [{"id": 7}, {"id": 9}]
+async def test_a_transaction_is_over_with_its_block(empty_dsn: str) -> None:
+    async with open_database(empty_dsn, max_size=1) as db:
+        async with db.transaction() as tx:
+            assert await tx.fetch_val("select 1") == 1
+        with pytest.raises(RuntimeError, match="over"):
+            await tx.fetch_val("select 1")
+        # prepared statements inside transactions, committed and rolled back, live on
+        query = "select %s::int as n /* tx-prepared */"
+        for ending in ("commit", "raise"):
+            with contextlib.suppress(KeyError):
+                async with db.transaction() as tx:
+                    assert await tx.fetch_val(query, [1], prepare=True) == 1
+                    if ending == "raise":
+                        raise KeyError(ending)
+        assert await db.fetch_val(query, [2], prepare=True) == 2
+        prepared = "select count(*) from pg_prepared_statements where statement like '%%tx-prepared%%'"
+        assert await db.fetch_val(prepared) == 1
 
 
 async def test_transaction_commits_at_the_end_of_the_block(empty_dsn: str) -> None:
@@ -249,10 +238,7 @@ async def test_transaction_commits_at_the_end_of_the_block(empty_dsn: str) -> No
             txid = await tx.fetch_val("select txid_current()")
             assert await tx.fetch_val("select txid_current()") == txid  # one transaction
             assert await tx.fetch_one("select count(*) as n from c") == {"n": 2}
-            assert await tx.run(lambda conn: conn.execute("select id from c order by id").fetchall()) == [
-                {"id": 1},
-                {"id": 2},
-            ]
+            assert await tx.fetch_all("select id from c order by id") == [{"id": 1}, {"id": 2}]
             # not visible outside before the commit
             assert await db.fetch_val("select count(*) from c") == 0
         assert await db.fetch_val("select count(*) from c") == 2
@@ -300,6 +286,77 @@ async def test_transaction_with_a_swallowed_error_does_not_pretend_to_commit(emp
                     await tx.execute("insert into s values (1)")
         assert await db.fetch_val("select count(*) from s") == 0
         assert await db.fetch_val("select 1") == 1
+
+
+async def active_queries(dsn: str, application_name: str) -> list[str]:
+    """The statements running for ``application_name`` now."""
+    rows = await admin_fetch(dsn, "select query from pg_stat_activity where application_name = %s"
+                                  " and state = 'active'", [application_name])
+    return [row[0] for row in rows]
+
+
+async def test_a_transaction_cancelled_mid_commit_leaves_a_clean_connection(empty_dsn: str) -> None:
+    """A cancel while COMMIT runs on the server (a deferred trigger sleeps in it) stops it there:
+    the transaction rolls back, the same connection serves the next caller."""
+    name = unique_name("midcommit")
+    async with open_database(empty_dsn, min_size=1, max_size=1, name=name) as db:
+        await db.execute("create table m (id int)")
+        await db.execute("create function m_slow() returns trigger language plpgsql as"
+                         " $$ begin perform pg_sleep(30); return null; end $$")
+        await db.execute("create constraint trigger m_slow after insert on m deferrable initially deferred"
+                         " for each row execute function m_slow()")
+        pid = await db.fetch_val("select pg_backend_pid()")
+        body_done = trio.Event()
+
+        async def cancel_in_commit(scope: trio.CancelScope) -> None:
+            await body_done.wait()
+            while "commit" not in await active_queries(empty_dsn, name):
+                await trio.sleep(0.01)
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as scope:
+                nursery.start_soon(cancel_in_commit, scope)
+                async with db.transaction() as tx:
+                    await tx.execute("insert into m values (1)")
+                    body_done.set()
+        assert scope.cancelled_caught
+        assert await active_queries(empty_dsn, name) == []
+        assert await db.fetch_val("select count(*) from m") == 0
+        assert await db.fetch_val("select pg_backend_pid()") == pid
+        assert db.stats["busy"] == 0
+
+
+async def test_a_transaction_cancelled_or_timed_out_waiting_for_a_connection(empty_dsn: str) -> None:
+    async with open_database(empty_dsn, min_size=1, max_size=1, pool_timeout=0.3) as db:
+        await db.execute("create table w (id int)")
+        async with db.transaction() as held:  # holds the only connection
+            await held.execute("insert into w values (1)")
+            with trio.move_on_after(0.1) as scope:
+                async with db.transaction() as tx:
+                    await tx.execute("insert into w values (2)")  # pragma: no cover
+            assert scope.cancelled_caught
+            assert db.stats["waiting"] == 0 and db.stats["busy"] == 1
+            with pytest.raises(DatabaseUnavailable) as info:
+                async with db.transaction() as tx:
+                    await tx.execute("insert into w values (3)")  # pragma: no cover
+            assert not info.value.maybe_applied
+        assert await db.fetch_all("select id from w") == [{"id": 1}]
+        assert db.stats["busy"] == 0 and db.stats["waiting"] == 0
+
+
+async def test_a_transaction_whose_backend_dies_is_unavailable_then_recovers(empty_dsn: str) -> None:
+    name = unique_name("txkill")
+    async with open_database(empty_dsn, min_size=1, max_size=1, name=name) as db:
+        await db.execute("create table k (id int)")
+        with pytest.raises(DatabaseUnavailable) as info:
+            async with db.transaction() as tx:
+                await tx.execute("insert into k values (1)")
+                await terminate_backends(empty_dsn, name)
+                await tx.execute("insert into k values (2)")
+        assert info.value.maybe_applied
+        assert await call_until_ok(db) <= 1
+        assert await db.fetch_val("select count(*) from k") == 0
 
 
 # -- 4. statement_timeout backstop -------------------------------------------

@@ -218,13 +218,13 @@ async def test_unreachable_server_fails_the_call_within_pool_timeout(empty_dsn: 
     name = unique_name("unreach")
     async with open_database(empty_dsn, min_size=1, max_size=1, pool_timeout=0.5, name=name) as db:
         # the pool's only connection dies; new ones are refused by a bad port from now on
-        db._native_pool._conninfo = "postgresql://postgres@127.0.0.1:1/postgres"
+        db._pool._conninfo = "postgresql://postgres@127.0.0.1:1/postgres"
         await terminate(empty_dsn, name)
         with pytest.raises(DatabaseUnavailable) as info:
             await db.fetch_val("select 1")
         assert "Connection refused" in str(info.value) or "connection" in str(info.value)
         assert await db.ping(timeout=0.3) is False
-        db._native_pool._conninfo = empty_dsn  # back: the next call connects again
+        db._pool._conninfo = empty_dsn  # back: the next call connects again
         assert await db.fetch_val("select 1") == 1
 
 
