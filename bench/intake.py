@@ -293,7 +293,7 @@ def combine(rounds: list[Run]) -> Run:
 
 def versions() -> str:
     """The versions that matter for this benchmark."""
-    names = ["trio", "hypercorn", "quart", "quart-trio", "psycopg", "psycopg-pool"]
+    names = ["trio", "hypercorn", "quart", "quart-trio", "psycopg"]
     parts = [f"Python {platform.python_version()}"] + [f"{n} {metadata.version(n)}" for n in names]
     return ", ".join(parts)
 

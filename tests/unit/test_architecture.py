@@ -128,7 +128,7 @@ def test_psycopg_is_imported_only_inside_autom_db() -> None:
             else:
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {t}"
-                          for t in targets if t.split(".")[0] in ("psycopg", "psycopg_pool")]
+                          for t in targets if t.split(".")[0] == "psycopg"]
     assert offenders == []
 
 

@@ -433,8 +433,7 @@ def test_constraints_pin_every_dependency():
     required += [re.match(r"[A-Za-z0-9._-]+", dep)[0] for dep in project["build-system"]["requires"]]
     missing = [name for name in required if _normal(name) not in pins]
     assert not missing, f"add to constraints.txt: {missing}"
-    for extra in ("psycopg-binary", "psycopg-pool"):  # psycopg[binary,pool]
-        assert extra in pins
+    assert "psycopg-binary" in pins  # psycopg[binary]
 
 
 # -- the image's dependency set: no embedded PostgreSQL --------------------------------
