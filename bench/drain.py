@@ -20,7 +20,8 @@ all, e.g. ``1000+0`` = recipient jobs older than the recipient-less ones, labell
    service composition, ``autom.service.run_service`` (pool of WORKERS + 8
    connections, LISTEN, ticker without schedules, HTTP on 127.0.0.1:0, Telegram
    in log-only mode) with LOG_LEVEL=warning and the handler
-   ``async def noop(ctx, job)`` registered as ``noop``. The handler counts its
+   ``async def noop(ctx, job)`` registered as ``noop`` (``--handler tx5``: it first
+   writes five rows, each in its own ``ctx.transaction()`` block, committed with the job). The handler counts its
    calls; at the N-th it asks the service to stop, which stops claiming, lets the
    completer record the last completions and returns;
 5. verifies in SQL that exactly N jobs are ``done`` and none is in any other state.
@@ -362,6 +363,10 @@ def worker(args: argparse.Namespace) -> None:
         log(f"worker: no PostgreSQL backend CPU figure: {exc}")
 
     async def noop(ctx: Any, job: Any) -> None:
+        if args.handler == "tx5":  # five ctx.transaction() blocks of one insert each, committed with the job
+            for i in range(5):
+                async with ctx.transaction() as tx:
+                    await tx.execute("insert into bench_notes (job_id, n) values (%s, %s)", [job.id, i])
         t = time.perf_counter()
         if clock.first is None:
             clock.first = t
@@ -456,6 +461,7 @@ def run_worker(dsn: str, args: argparse.Namespace, jobs: int, tag: str) -> dict[
         cmd += ["--pool-kwargs", args.pool_kwargs]
     if args.variant:
         cmd += ["--variant", args.variant]
+    cmd += ["--handler", getattr(args, "handler", "noop")]  # speed.py passes its own arguments
     if args.py_spy:  # PREFIX → PREFIX-<tag>.svg (flame graph) or, PREFIX ending in .txt, collapsed stacks
         raw = args.py_spy.endswith(".txt")
         out = f"{args.py_spy.removesuffix('.txt')}-{tag}.{'txt' if raw else 'svg'}"
@@ -567,6 +573,7 @@ def drain_run(dsn: str, args: argparse.Namespace, variant: str, rep: int) -> Non
         "system": "autom", "test": "drain", "recipients": label, "rep": rep, "jobs": n, "variant": args.variant,
         "workers": args.workers, "batch": args.batch, "dsn_options": args.dsn_options, "py_spy": bool(args.py_spy),
         "pool_kwargs": args.pool_kwargs, "phase": args.phase, "setup_sql": args.setup_sql,
+        "handler": getattr(args, "handler", "noop"),
         "analyzed": args.analyze, "history": args.history,
         "jobs_per_s": n / w["drain_s"], "start_to_stopped_jobs_per_s": n / w["start_to_stopped_s"],
         "span_jobs_per_s": (n / w["span_s"]) if w["span_s"] else None,
@@ -621,6 +628,11 @@ def drive(args: argparse.Namespace) -> int:
     emit(env_record(args.admin_dsn), args.out)
     variants = [x.strip() for x in args.recipients.split(",") if x.strip()]
     with bench_database(args.admin_dsn, "bench_worker", keep=args.keep_db) as dsn:
+        if getattr(args, "handler", "noop") == "tx5":
+            import psycopg
+
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("create table if not exists bench_notes (job_id bigint, n int)")
         if args.setup_sql:  # experiments only (e.g. dropping an index); recorded in every drain record
             import psycopg
 
@@ -859,6 +871,8 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=0,
                         help="N finished jobs in the table, analyzed, before each run's backlog (a long-running "
                              "service's statistics: nearly every job finished)")
+    parser.add_argument("--handler", choices=["noop", "tx5"], default="noop",
+                        help="the jobs' handler: noop, or tx5 (five ctx.transaction() blocks of one insert each)")
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
