@@ -72,7 +72,8 @@ async def test_a_ping_that_gets_no_answer_gives_up_at_its_deadline(switch: HttpS
     switch.plan(Reply(hang=True))
     with trio.fail_after(30):  # a backstop for the test, not a timing assertion
         assert await ping(switch.url + SECRET_PATH, within=0.5) is False
-    assert len(switch.requests) == 1
+    # one try, no retry (on a machine at load 15 the deadline can pass before the stub has read the request)
+    assert len(switch.requests) <= 1
     assert [r.getMessage() for r in caplog.records if r.name == "autom.handlers.heartbeat"] == [
         f"heartbeat ping to {switch.url} got no answer within 0.5s"]
 
