@@ -53,35 +53,37 @@ _COUNT_OF = {q: f"select count(*) as n from (\n{q.rstrip(';')}\n) c" for q in (Q
 _ESTIMATE_OF = {q: f"explain (format json)\n{q}" for q in (Q.ops_list_jobs, Q.ops_list_failed)}
 _NO_LIMIT = 2**62
 
-#: What an operator is told about a query error, by SQLSTATE (code, then class prefix):
-#: the kind of trouble only, never the SQL text or the data in the server's message.
+_AGAIN = "try again in a moment"
+#: What an operator is told about a query error, by SQLSTATE (code, then class prefix): the kind of
+#: trouble and what helps, never the SQL text or the data in the server's message. Every one is
+#: worth trying again in a moment (wider than ``QueryError.transient``, which code uses to retry
+#: at once: a server out of resources or restarting may well be fine by the time a person tries).
+#: The one table for the CLI, the admin API and the console (``autom.web.errors``).
 _QUERY_ERRORS = {
-    "55P03": "a row or table it needs is locked by another transaction (lock timeout)",
-    "57014": "the query was cancelled (statement timeout)",
-    "40001": "it conflicted with another transaction",
-    "40P01": "it conflicted with another transaction (deadlock)",
-    "53": "the database is out of resources",
-    "57P": "the database is shutting down or restarting",
+    "55P03": ("a row or table it needs is locked by another transaction (lock timeout)", _AGAIN),
+    # the console's reads run with a short statement timeout: a filter that scans too much ends here
+    "57014": ("the query was cancelled (statement timeout)",
+              f"narrow the filter (a kind, a status, a time range) or {_AGAIN}"),
+    "40001": ("it conflicted with another transaction", _AGAIN),
+    "40P01": ("it conflicted with another transaction (deadlock)", _AGAIN),
+    "53": ("the database is out of resources", _AGAIN),
+    "57P": ("the database is shutting down or restarting", _AGAIN),
 }
-#: classes worth an operator's trying again in a moment (the rest need someone to look at the
-#: database); wider than ``QueryError.transient`` (which code uses to retry at once): a server
-#: out of resources or restarting may well be fine by the time a person tries again
-_TRANSIENT_STATES = ("55P03", "57014", "40", "53", "57P")
 
 
 def query_error_message(exc: QueryError) -> str:
-    """One line for an operator about a failed query (the admin API's 503, the CLI's exit 1).
+    """One line for an operator about a failed query (the API's and the console's 503, the CLI's exit 1).
 
-    Lock and statement timeouts, conflicts and a restarting server say "try again";
-    anything else names its SQLSTATE. Never the SQL or the server's message, which
-    can quote row data.
+    Lock and statement timeouts, conflicts and a restarting server say what helps
+    (``_QUERY_ERRORS``); anything else names its SQLSTATE. Never the SQL or the
+    server's message, which can quote row data.
     """
     state = exc.sqlstate or ""
-    reason = _QUERY_ERRORS.get(state) or _QUERY_ERRORS.get(state[:3]) or _QUERY_ERRORS.get(state[:2])
-    if reason is None:
+    known = _QUERY_ERRORS.get(state) or _QUERY_ERRORS.get(state[:3]) or _QUERY_ERRORS.get(state[:2])
+    if known is None:
         return f"database error: the query failed (SQLSTATE {state or 'unknown'})"
-    again = "; try again in a moment" if state.startswith(_TRANSIENT_STATES) else ""
-    return f"database busy: {reason}{again}"
+    reason, advice = known
+    return f"database busy: {reason}; {advice}"
 
 
 def parse_run_at(raw: str, now: datetime) -> datetime:

@@ -18,7 +18,7 @@ from typing import Any
 from werkzeug.routing import BaseConverter
 
 from autom.errors import BadRequest
-from autom.ops import JOB_STATUSES, MAX_NAME, parse_run_at
+from autom.ops import JOB_STATUSES, MAX_NAME, JobFilter, parse_run_at
 
 #: Largest id PostgreSQL's ``bigint`` holds; larger ones cannot exist (and would not bind).
 MAX_ID = 2**63 - 1
@@ -132,3 +132,17 @@ def run_at(name: str, raw: str) -> datetime:
         return parse_run_at(raw, datetime.now(UTC))
     except ValueError as exc:
         raise BadParameter(f"{name} {exc}") from None
+
+
+#: the filters of a job list, ``GET /admin/jobs`` and ``/ui/jobs`` alike (``JobFilter``'s fields)
+JOB_FILTERS: dict[str, Parser] = {
+    "status": status, "kind": text, "recipient": text, "event_id": ident,
+    "since": when, "until": when, "failed_since": when,
+}
+#: the filters of an event list, ``GET /admin/events`` and ``/ui/events`` alike
+EVENT_FILTERS: dict[str, Parser] = {"source": text, "since": when, "until": when}
+
+
+def job_filter(values: Mapping[str, Any]) -> JobFilter:
+    """The ``JobFilter`` of parsed ``values`` (a ``parse_query`` result over ``JOB_FILTERS`` and more)."""
+    return JobFilter(**{name: values[name] for name in JOB_FILTERS})

@@ -29,6 +29,8 @@ import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from autom.web.token import AdminToken
+
 COOKIE = "autom_console"
 _VERSION = "v1"
 #: the clock skew between replicas a session's times allow for
@@ -55,12 +57,12 @@ class Sessions:
         self._session_key = _key(admin_token, "session")
         self._csrf_key = _key(admin_token, "csrf")
         self._notice_key = _key(admin_token, "notice")
-        self._token_digest = hashlib.sha256(admin_token.encode("utf-8")).digest()
+        self._token = AdminToken(admin_token)
         self.lifetime = lifetime_seconds
 
     def token_matches(self, candidate: str) -> bool:
         """Whether ``candidate`` is ADMIN_TOKEN (constant time, whatever its length)."""
-        return hmac.compare_digest(hashlib.sha256(_utf8(candidate)).digest(), self._token_digest)
+        return self._token.matches(candidate)
 
     def issue(self, now: float) -> str:
         """A new session cookie value, issued at ``now`` (unix seconds)."""
