@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from autom.errors import ConfigError
 from autom.handlers.spec import Handler, HandlerSpec
-from autom.jobs.models import DEFAULT_MAX_ATTEMPTS, NewJob
+from autom.jobs.models import DEFAULT_MAX_ATTEMPTS, NewJob, is_max_attempts
 from autom.jobs.retry import RetryPolicy
 from autom.schedule import BUILTIN_SCHEDULES, Schedule
 from autom.sources.base import Source
@@ -132,7 +132,7 @@ class Router:
         through ``include``) raises ``AppError``.
         """
         _check_kind(kind)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        if not is_max_attempts(max_attempts):
             raise AppError(f"handler {kind!r}: max_attempts must be a whole number ≥ 1, got {max_attempts!r}")
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf")
@@ -432,7 +432,3 @@ def _where(exc: BaseException) -> str:
         text += f" ({last.filename}, line {last.lineno})"
     return text
 
-
-def default_app() -> App:
-    """The App ``autom run`` serves without AUTOM_APP: every built-in, nothing else."""
-    return App()

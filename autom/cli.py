@@ -29,6 +29,9 @@ from autom.logs import configure_logging
 
 log = logging.getLogger("autom.cli")
 
+#: longest line of an error message printed (``autom: ...``), redacted like every one-line message
+MAX_ERROR_LINE = 1000
+
 
 def _settings(require: Sequence[str] = (), **defaults: Any) -> Settings:
     settings = Settings.from_env(require=require, defaults=defaults or None)
@@ -642,11 +645,7 @@ def _complain(exc: BaseException) -> None:
     """Print an error in one ``autom: ...`` line, whitespace folded; a settings error
     (``ConfigError``) in one such line per problem it names."""
     for line in (str(exc).splitlines() if isinstance(exc, ConfigError) else [str(exc)]) or [""]:
-        print(f"autom: {_one_line(line)}", file=sys.stderr)
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+        print(f"autom: {one_line(line, MAX_ERROR_LINE)}", file=sys.stderr)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

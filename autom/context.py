@@ -11,7 +11,7 @@ the worker's hot path: a few fields, no I/O until a method is used.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
@@ -28,7 +28,8 @@ from autom.checks import check as _check
 from autom.db.queries import Q
 from autom.errors import DatabaseUnavailable, LeaseLost, PermanentError, QueryError, TransientError
 from autom.jobs.handler_tx import HandlerTransaction
-from autom.jobs.models import Job, NewJob
+from autom.jobs.models import Job
+from autom.producer import new_job
 from autom.sources.base import key_text
 
 if TYPE_CHECKING:
@@ -267,25 +268,14 @@ class HandlerContext:
         spec = self._services.registry.handlers.get(kind)
         if spec is None:
             raise PermanentError(f"ctx.enqueue: no handler is registered for kind {kind!r}")
-        payload = {} if payload is None else payload
-        if not isinstance(payload, dict):
-            raise PermanentError(f"ctx.enqueue({kind!r}): payload must be a JSON object (a dict), "
-                                 f"got {type(payload).__name__}")
-        try:
-            json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise PermanentError(f"ctx.enqueue({kind!r}): payload is not JSON-serialisable: {exc}") from None
         if isinstance(run_at, timedelta):
             run_at = datetime.now().astimezone() + run_at
-        elif run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
-            raise PermanentError(f"ctx.enqueue({kind!r}): run_at must be a timezone-aware datetime or a timedelta")
-        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                         or max_attempts < 1):
-            raise PermanentError(f"ctx.enqueue({kind!r}): max_attempts must be a whole number ≥ 1")
-        return await self._state.current_tx().enqueue(NewJob(
-            kind, payload, key=None if key is None else key_text(key),
-            recipient=None if recipient is None else str(recipient), run_at=run_at,
-            max_attempts=spec.max_attempts if max_attempts is None else max_attempts, trace=tracing.traceparent(),
+        try:
+            job = new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)
+        except (TypeError, ValueError) as exc:
+            raise PermanentError(f"ctx.enqueue({kind!r}): {exc}") from None
+        return await self._state.current_tx().enqueue(dataclasses.replace(
+            job, max_attempts=spec.max_attempts if max_attempts is None else max_attempts, trace=tracing.traceparent(),
         ))
 
     async def cancel(self, kind: str, key: str) -> bool:

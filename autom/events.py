@@ -110,14 +110,14 @@ TOO_LATE = "the database got to the delivery only after its cut-off: nothing sto
 UNANSWERED = ("the database did not answer by the delivery's deadline (stored only if the server had started"
               " it before the cut-off)")
 
-#: What ``StoreBatcher.store`` may wait on besides its turn: returns once the sender is gone.
+#: What ``StoreBatcher.deliver`` may wait on besides its turn: returns once the sender is gone.
 Gone = Callable[[], Awaitable[object]]
-#: Or, cheaper, a check without waiting: whether the sender has gone (``StoreBatcher.store``).
+#: Or, cheaper, a check without waiting: whether the sender has gone (``StoreBatcher.deliver``).
 Left = Callable[[], bool]
 
 
 class SenderGone(Exception):
-    """``StoreBatcher.store``: the sender disconnected while its delivery waited.
+    """``StoreBatcher.deliver``: the sender disconnected while its delivery waited.
 
     ``sent``: the delivery's hop was in flight already, so it is stored all the same
     (nobody hears of it); otherwise it left the queue and nothing of it was stored.
@@ -235,8 +235,8 @@ class StoreBatcher:
     deliveries would then be stored one by one). Two hops at a time were no
     faster in bench/intake.py (RESULTS.md, Intake).
 
-    ``await store(params, deadline)`` returns ``(event_id, jobs)`` once the delivery is
-    committed, ``(None, 0)`` for a redelivery, or raises (``DatabaseUnavailable``
+    ``await deliver(params, deadline)`` returns ``Stored`` once the delivery is
+    committed (event None for a redelivery), or raises (``DatabaseUnavailable``
     for a 503). No task of its own: the first delivery to find no hop in flight runs
     one for everything queued (the *leader*); when it ends, the first delivery still
     queued is woken to lead the next. A delivery whose sender disconnects while it
@@ -292,24 +292,20 @@ class StoreBatcher:
         """Deliveries waiting for a hop (not counting those in a hop in flight)."""
         return len(self._queue)
 
-    async def store(self, params: dict[str, Any], deadline: float = math.inf,
-                    gone: Gone | None = None, left: Left | None = None) -> tuple[int | None, int]:
-        """Store one delivery (``store_params``) by about ``deadline``; see the class docstring.
-
-        ``gone``: returns once the sender has disconnected; a delivery whose sender
-        leaves while it waits raises ``SenderGone``. ``left``, instead: says without
-        waiting whether the sender has gone; it is asked when a hop would take the
-        delivery (and at its deadline), and a delivery whose sender has gone by then
-        raises ``SenderGone`` (not sent). Both end in the same: what is withdrawn and
-        what is stored; ``left`` is cheaper, and a departed delivery leaves the queue
-        when its turn comes rather than at once.
-        """
-        stored = await self.deliver(params, deadline, gone, left)
-        return stored.event_id, stored.jobs
-
     async def deliver(self, params: dict[str, Any], deadline: float = math.inf,
                       gone: Gone | None = None, left: Left | None = None) -> Stored:
-        """``store``, saying also how many of the delivery's jobs were handed off."""
+        """Store one delivery (``store_params``) by about ``deadline`` (trio time); see the class docstring.
+
+        Returns ``Stored``: the new event's id (None for a redelivery), the jobs it made, and
+        how many of them were handed off to this process's workers. ``gone``: returns once
+        the sender has disconnected; a delivery whose sender leaves while it waits raises
+        ``SenderGone``. ``left``, instead: says without waiting whether the sender has gone;
+        it is asked when a hop would take the delivery (and at its deadline), and a delivery
+        whose sender has gone by then raises ``SenderGone`` (not sent). Raises
+        ``DatabaseUnavailable`` when it is not stored by the deadline (nothing was stored
+        unless the server had started the statement before its cut-off) and ``QueryError``
+        when the database refused it.
+        """
         delivery = _Delivery(params, deadline, left)
         self._queue.append(delivery)
         try:
@@ -618,10 +614,7 @@ def _handed_job(row: Row, lease_seconds: float | None = None) -> Job:
         # the hand-off stores the event (received_at = now()) and claims its job (locked_until =
         # now() + the lease) in one transaction, where now() is one instant
         received_at = row["locked_until"] - timedelta(seconds=lease_seconds)
-    return Job(id=int(row["id"]), kind=row["kind"], payload=row["payload"], attempts=row["attempts"],
-               max_attempts=row["max_attempts"], lease=row["lease"], locked_until=row["locked_until"],
-               recipient=row["recipient"], key=row["key"], event_id=row["event_id"], run_at=row["run_at"],
-               received_at=received_at, trace=row.get("trace"))
+    return Job.from_row(row, id=int(row["id"]), received_at=received_at)
 
 
 def _size(params: Mapping[str, Any]) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 import anyio.to_thread
 
 from autom.db.producer import insert_at, insert_on
-from autom.jobs.models import NewJob
+from autom.jobs.models import NewJob, is_max_attempts
 from autom.jobs.store import created_or_none, jobs_json
 from autom.sources.base import key_text
 
@@ -44,7 +44,13 @@ def new_job(
     run_at: datetime | None = None,
     max_attempts: int | None = None,
 ) -> NewJob:
-    """A checked ``NewJob``: ``ValueError`` / ``TypeError`` for what the database would refuse later."""
+    """A checked ``NewJob``, the one validation of a job to enqueue (``enqueue``, ``ctx.enqueue``).
+
+    ``key`` and ``recipient`` become text. Raises ``ValueError`` for an empty kind, a
+    naive ``run_at`` or a ``max_attempts`` that is not a whole number ≥ 1, ``TypeError``
+    for a payload that is not a JSON object of JSON values (what the database would
+    refuse later).
+    """
     if not isinstance(kind, str) or not kind.strip():
         raise ValueError("a job needs a kind (a non-empty string)")
     payload = {} if payload is None else payload
@@ -56,8 +62,7 @@ def new_job(
         raise TypeError(f"the payload is not JSON-serialisable: {exc}") from None
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         raise ValueError("run_at must be a timezone-aware datetime")
-    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                     or max_attempts < 1):
+    if max_attempts is not None and not is_max_attempts(max_attempts):
         raise ValueError("max_attempts must be a whole number ≥ 1")
     return NewJob(kind, payload, key=None if key is None else key_text(key),
                   recipient=None if recipient is None else str(recipient), run_at=run_at,

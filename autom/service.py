@@ -46,7 +46,7 @@ from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.retry import RetryPolicy
 from autom.jobs.store import JobStore
 from autom.limits import SendLimiter
-from autom.schedule import BUILTIN_SCHEDULES, Schedule, process_zone
+from autom.schedule import Schedule, process_zone
 from autom.sources import disabled_sources
 from autom.telegram import open_telegram
 from autom.ticker import run_ticker
@@ -57,10 +57,6 @@ from autom.worker import WorkerPool
 log = logging.getLogger("autom")
 
 NOTIFY_CHANNEL = "autom_jobs"
-
-#: what the service schedules out of the box: the hourly heartbeat and retention (README, Schedule)
-SERVICE_SCHEDULES: tuple[Schedule, ...] = BUILTIN_SCHEDULES
-
 
 @dataclass
 class Control:

@@ -60,9 +60,6 @@ Buttons = Sequence[Sequence[tuple[str, str]]]
 #: What a call returns in log-only mode (``autom dev`` without a token).
 LOG_ONLY_RESULT: dict[str, Any] = {"message_id": 0, "log_only": True}
 
-# Parameters that are secrets themselves (setWebhook's secret_token): never logged.
-_SECRET_PARAMS = frozenset({"secret_token"})
-
 #: What Telegram's 403 says when the chat will take no message until it comes back: the
 #: user blocked the bot or was deleted, or the bot was removed from the group or channel.
 BLOCKED_DESCRIPTIONS = ("bot was blocked by the user", "user is deactivated", "bot was kicked from")

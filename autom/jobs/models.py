@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,11 @@ def lease_generation(lease: int) -> int:
     """The claim count a lease value carries (``autom_lease_generation``, migrations/0014):
     the high bits; the low 32 are random, so a lease value is never handed out twice."""
     return lease if lease < 1 << 32 else lease >> 32
+
+
+def is_max_attempts(value: object) -> bool:
+    """Whether ``value`` can be a job's ``max_attempts``: a whole number ≥ 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,18 @@ class Job:
     #: the W3C traceparent stored with the job (autom/tracing.py), None when untraced
     trace: str | None = None
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], **changes: Any) -> Job:
+        """The job of a ``jobs`` row (a mapping with at least Job's required fields; other keys are
+        ignored, missing optional ones None), with ``changes`` applied. The claim has a faster
+        road for its many rows (``autom.jobs.store``: the row dict becomes the object's ``__dict__``)."""
+        values = {name: row[name] for name in _FIELDS if name in row}
+        return cls(**{**values, **changes})
+
     @property
     def generation(self) -> int:
         """This claim's number among the job's claims (1 = its first)."""
         return lease_generation(self.lease)
+
+
+_FIELDS = tuple(f.name for f in fields(Job))

@@ -65,8 +65,8 @@ class Door:
     """
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], admission: Admission,
-                 intake: Intake | None = None, body_deadline: float = BODY_DEADLINE_SECONDS) -> None:
-        """Wrap ``app`` (Quart's ``asgi_app``); a read body goes to ``intake`` (else on to ``app``)."""
+                 intake: Intake, body_deadline: float = BODY_DEADLINE_SECONDS) -> None:
+        """Wrap ``app`` (Quart's ``asgi_app``); a read body goes to ``intake``, never to ``app``."""
         self.app = app
         self.admission = admission
         self.intake = intake
@@ -126,9 +126,6 @@ class Door:
         body = await self._read_body(receive, send, source.name)
         if body is None:
             return
-        if self.intake is None:
-            await self.app(scope, _Replay(body, receive), _watch_failures(send, adm, client))
-            return
         with tracing.delivery(source.name, headers) as traced:
             found = await self._deliver(source, headers, body, receive)
             traced.answered(None if found is None else found.status)
@@ -146,7 +143,6 @@ class Door:
         hop would take the delivery; else the delivery waits on ``receive`` itself, which
         costs ~40 µs more a queued delivery (bench/RESULTS.md, "Speed round four").
         """
-        assert self.intake is not None
         check = getattr(receive, "departure_check", None)
         left = check() if check is not None else None
 
@@ -186,22 +182,6 @@ class Door:
             adm.refuse("slow_body", source, f"a body took more than {self.body_deadline:g} s")
             await _answer(send, 408, f"the body did not arrive within {self.body_deadline:g} s")
         return None
-
-
-class _Replay:
-    """The ``receive`` the app gets: the body the door read, then the real channel (disconnect)."""
-
-    __slots__ = ("_body", "_receive")
-
-    def __init__(self, body: bytes, receive: Receive) -> None:
-        self._body: bytes | None = body
-        self._receive = receive
-
-    async def __call__(self) -> Message:
-        if self._body is not None:
-            body, self._body = self._body, None
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await self._receive()
 
 
 def _watch_failures(send: Send, adm: Admission, client: str) -> Send:

@@ -45,13 +45,14 @@ from quart import Blueprint, Response
 
 from autom import tracing
 from autom.admission import Admission
+from autom.checks import one_line
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
 from autom.events import Gone, Left, SenderGone, StoreBatcher, encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source
-from autom.web.responses import error_response, one_line
+from autom.web.responses import error_response
 
 log = logging.getLogger("autom.intake")
 
@@ -133,7 +134,7 @@ class Intake:
 
         ``gone`` returns once the sender has disconnected (the door waits on its ASGI
         ``receive``), or ``left`` tells without waiting whether it has (checked when a hop
-        would take the delivery: ``StoreBatcher.store``): a delivery still waiting for the
+        would take the delivery: ``StoreBatcher.deliver``): a delivery still waiting for the
         database then is withdrawn, one already sent is stored all the same, and there is
         no answer (None).
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from quart import Response
 
+from autom.checks import one_line
+
 JSON = "application/json"
 
 
@@ -26,11 +28,6 @@ def json_response(status: int, data: Mapping[str, Any], headers: Mapping[str, st
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    """``{"error": message}`` with ``status``; the message is cut to one line."""
+    """``{"error": message}`` with ``status``; the message is cut to one line (``autom.checks.one_line``:
+    whitespace folded, at most 200 characters, anything shaped like a URL or a bot token redacted)."""
     return json_response(status, {"error": one_line(message)}, headers)
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """``text`` on one line (whitespace runs collapsed), at most ``limit`` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -163,7 +163,7 @@ async def test_the_telegram_sources_jobs_set_and_clear_the_mark_as_they_are_stor
             job = NewJob("telegram.message", {"chat_id": 42, "text": "hi"}, key=f"telegram:{n}", recipient="42")
         else:
             job = NewJob("telegram.member", {"chat_id": 42, "status": update}, key=f"telegram:{n}", recipient="42")
-        await events.store(store_params("telegram", {}, "{}", str(n), [job]))
+        await events.deliver(store_params("telegram", {}, "{}", str(n), [job]))
     assert (await blocked_chat(db, 42) is not None) == blocked
 
 
