@@ -1,43 +1,12 @@
 """Admission control: who may deliver to ``POST /hooks/{source}``, and when the answer is "not now".
 
-The answers are the README's (Sources, "Admission"). Each sender is treated as its
-refusal costs it: GitHub never retries (a 429/503 loses the event), Telegram
-retries but in order per chat, Stripe and Standard Webhooks senders retry for days.
-
-Two places apply it:
-
-* **the door** (``autom.web.door.Door``, an ASGI middleware in front of Quart, so
-  before the body is read): the client is the peer address, or the first address of
-  X-Forwarded-For that is not a trusted proxy when the peer is one
-  (TRUSTED_PROXIES). A client over CLIENT_RATE (a token bucket, burst twice the
-  rate) gets 429; a client with more than ``FAIL_LIMIT`` failed deliveries (401,
-  404) within ``FAIL_WINDOW`` seconds gets 429 for ``FAIL_BLOCK`` seconds. A source
-  with a header proof (Telegram's secret, ``verify_headers``) has it checked here:
-  a delivery it passes is not limited by address (all of Telegram comes from a few
-  shared addresses; Telegram is throttled by the webhook's max_connections), and is
-  still verified in full (``verify``) once its body is read.
-  Then the body is read by the door within ``BODY_DEADLINE_SECONDS`` in total (a
-  slow client gets 408 and the connection is closed; hypercorn's own read timeout
-  is per read, not per body) and at most MAX_BODY_BYTES (413).
-* **the intake** (web/intake.py, after verification and parsing, before the
-  store): ``backlog_refusal`` (503 when unfinished jobs reach MAX_PENDING_JOBS for
-  senders that retry, at twice that for every sender) and ``recipient_refusal``
-  (429 when one recipient has MAX_PENDING_PER_RECIPIENT unfinished jobs).
-
-Neither check counts rows per request. ``Admission.run`` (beside hypercorn, in
-``serve_http``) refreshes an estimate of unfinished jobs every ``REFRESH_SECONDS``
-with one bounded count, and this process adds what it stores meanwhile. Only when
-that total reaches half the per-recipient cap can any recipient be near it: then the
-same refresh lists the recipients with at least half the cap ("warm"), and only a
-delivery to a warm recipient (or one this process fed that much since the last
-refresh) costs a bounded count of that recipient's jobs. Two deliveries racing past
-the cap overshoot it by one each, which does not matter.
-
-Every refusal is counted in ``autom_refusals_total{reason,source}`` and logged once
-per burst (``RefusalLog``): a line when a burst starts, one with its count when it
-has been quiet for ``BURST_QUIET_SECONDS``. The tables are bounded: idle buckets and
-old failures are pruned at every refresh, and past ``MAX_CLIENTS`` keys the oldest
-go first.
+``Admission`` holds the per-client tables the door applies before a body is read
+(``TokenBuckets`` for CLIENT_RATE, ``FailingClients`` for repeated 401/404, the
+header proof) and the refusals the intake applies after parsing (``backlog_refusal``:
+503 at MAX_PENDING_JOBS; ``recipient_refusal``: 429 at MAX_PENDING_PER_RECIPIENT).
+Invariants: no check counts rows per request (``Admission.run`` refreshes an estimate);
+the tables are bounded (``MAX_CLIENTS``); every refusal is counted and logged once per
+burst (``RefusalLog``). Who is refused when, and why: docs/design/intake.md.
 """
 
 from __future__ import annotations

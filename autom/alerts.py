@@ -1,30 +1,13 @@
 """The alert outbox's sender: job failures reach the alert chat even across a kill.
 
-A job that fails for good gets an ``alerts`` row in the statement that fails it
-(migrations/0004). One ``AlertSender`` per replica, in the service nursery, sends
-pending rows and marks them sent only once Telegram accepted them:
-
-* the worker that failed the job rings ``deps.alert_bell`` with its id: the
-  sender looks at once and takes its own process's alerts first; a poll every
-  ``POLL_SECONDS`` finds the rest (``ORPHAN_SECONDS`` old: their process died);
-* a row is claimed with a lease (``claimed_until``) under ``FOR UPDATE SKIP LOCKED``,
-  so of several replicas one sends it; a sender killed mid-send leaves a lease that
-  runs out, and another sender (or the restarted one) sends it again. At least
-  once: a kill between Telegram's answer and the mark repeats one alert;
-* each claim carries a new token (``claimant``): renew, mark and release match it,
-  and before every send the sender renews every row it holds (the one it is about
-  to send, the rest of its claim, the held ones) and skips those no longer its
-  own. So a slow Telegram cannot make a lease run out mid-round and another
-  replica send the same alert again;
-* ``AlertThrottle`` and the alert chat's turn (its send limit, through the limiter
-  for every replica: a group takes 20 a minute): at most 5 single alerts a minute per
-  process, none before the chat's turn; the rest are held (claimed, logged "alert
-  suppressed by the throttle") and go out as ONE summary naming how many, of which
-  kinds, their ids and the console's failed list;
-* Telegram down: rows are released with a backoff (doubling to ``MAX_BACKOFF_SECONDS``,
-  or a 429's ``retry_after``) and tried again; ``alert`` itself never raises;
-* at shutdown ``flush`` sends what it can (a held summary included) within a bound;
-  whatever it cannot stays in the database for the next sender.
+A job that fails for good gets an ``alerts`` row in the statement that fails it.
+``AlertSender`` (one per replica, in the service nursery) claims pending rows with a
+lease, sends them to the alert chat (``autom.telegram``) and marks them sent only once
+Telegram accepted them; ``AlertThrottle`` and the alert chat's turn hold the rest for
+one summary (``summary_text``); ``read_alert_health`` feeds /health and /metrics.
+Invariants: at least once (a kill between Telegram's answer and the mark repeats one
+alert), never twice from two replicas while a lease holds; ``alert`` never raises.
+How and why: docs/design/alerts.md.
 """
 
 from __future__ import annotations

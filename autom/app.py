@@ -1,28 +1,12 @@
-"""``App`` and ``Router``: the user's registry of handlers, sources and schedules.
+"""``App`` and ``Router``: the user's registry of handlers, sources and schedules (README, Handlers).
 
-A user builds one ``App`` in their own module and runs it with
-``AUTOM_APP=module:attr autom run`` (or ``--app``)::
-
-    app = App()                                   # every built-in included
-
-    @app.handler("shop.order", max_attempts=5, timeout=30)
-    async def order(ctx: HandlerContext, job: Job) -> None: ...
-
-    app.source(ShopSource(secret=...))            # POST /hooks/shop
-    app.schedule("shop.digest", daily_at="09:00")
-
-Handler modules that should not import the app register on a ``Router`` and
-the app module does ``app.include(router)`` (no circular imports; importing a
-handler module twice, as ``__main__`` and by name, makes no second App).
-
-The built-in sources, handlers and schedules are part of every App, so the
-default App is exactly autom's out-of-the-box behaviour; a user handler with a
-built-in kind (``site.form``) replaces the built-in one, and so does a user
-source with a built-in name. Registering one kind (or source name) twice in the
-user's own code is an error at registration. ``App.registry(settings)``
-validates the whole App at start (a schedule whose kind has no handler, for
-example) and freezes it into a ``Registry``, the read-only view the service
-uses: kind → ``HandlerSpec`` on the worker's hot path is one dict lookup.
+A user builds one ``App`` (``@app.handler(kind)``, ``app.source(...)``,
+``app.schedule(...)``) and runs it with ``AUTOM_APP=module:attr autom run``; handler
+modules register on a ``Router`` and the app does ``app.include(router)``. Invariants:
+the built-ins are part of every App (a user handler or source of a built-in name
+replaces it); one kind or source name registered twice in the user's code is an
+``AppError`` at once; ``App.registry(settings)`` validates the whole App at start and
+freezes it into the read-only ``Registry`` the service uses. Also ``load_app``.
 """
 
 from __future__ import annotations

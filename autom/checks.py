@@ -1,20 +1,12 @@
-"""Classifying the outcome of an outgoing HTTP call into autom's error tree.
+"""Classifying the outcome of an outgoing HTTP call into autom's error tree, and one-line texts.
 
-Every external call (the Telegram Bot API today) ends in one of three ways, and
-the queue needs to know which:
-
-* ``check(response, what)``: 2xx passes; 429 raises ``Retry(after=...)``, and so
-  does an overloaded server's 503 or 529 that says when to come back (a
-  ``Retry-After`` header); another 4xx raises ``PermanentError``; 5xx and anything
-  else (1xx, 3xx: we do not follow redirects) raise ``TransientError``.
-* ``classify_exception(exc, what)``: the call never produced a response
-  (timeout, refused connection, broken stream): a ``TransientError``.
-
-Messages are one line, ``"{what}: HTTP {status} {description}"``, and never
-contain the request URL: the Bot API URL carries the bot token, and these
-messages end up in ``jobs.last_error``, in logs and in Telegram alerts.
-``redact`` is the last line of defence used on any text that came from the
-other side or from a third-party exception.
+``check(response, what)``: 2xx passes; 429 (and a 503/529 with ``Retry-After``) raises
+``Retry``, another 4xx ``PermanentError``, the rest ``TransientError``.
+``classify_exception(exc, what)``: a call that produced no response is a ``TransientError``.
+``one_line`` (every one-line message autom writes: errors, logs, answers) and ``redact``.
+Invariant: a message is ``"{what}: HTTP {status} {description}"`` and never contains
+a URL or anything shaped like a bot token: these texts end up in ``jobs.last_error``,
+logs and Telegram alerts.
 """
 
 from __future__ import annotations

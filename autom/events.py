@@ -1,50 +1,12 @@
-"""The event store: storing webhook deliveries (group commit), fetching a stored event, replaying it.
+"""The event store: storing webhook deliveries (group commit, hand-off), fetching and replaying an event.
 
-Storing. A delivery is one statement (``intake_store`` in queries_intake.sql)
-that inserts the event, its jobs and their recipients' rows: atomic on its own,
-so one round trip with no BEGIN/COMMIT trips, and a pooled connection held for
-milliseconds.
-
-Group commit (``StoreBatcher``): deliveries that arrive while a hop is in flight
-wait for it to end, then go together in the next hop, which starts once the event
-loop has nothing else to do (or ``GATHER_SECONDS`` later; at most ``MAX_BATCH``
-deliveries and ``MAX_BATCH_BYTES`` of them), ``intake_store_many``:
-one statement, one transaction, one commit for the batch (the process's CPU per
-hop, not PostgreSQL, limits the intake's rate). Each delivery still gets its own
-answer, and only once the batch is committed. The batch stores its deliveries
-one after the other, so a redelivery inside a batch is a duplicate exactly as it
-would be in separate transactions. If the batch fails because the database is
-unreachable, nothing of it is stored and every delivery of it gets a 503; if it
-fails for any other reason (a deadlock, say, or one delivery PostgreSQL
-refuses), each delivery is stored on its own, as without batching, and gets its
-own answer. A hop is cut off (cancelled on the server) ``FATE_SECONDS`` before its
-first deadline, and its statement carries the cut-off: a server that gets to it later
-(it was stopped) stores nothing. What a hop cut off or whose connection dropped did is
-read from its commit record (a token written with it, ``StoreBatcher._committed``) by
-the deadline: 202 for what it stored, 503 for what it did not. Unknown by then only if
-the server started the statement before the cut-off and stopped before answering:
-503, and it may commit when the server resumes (a sender's retry is then a duplicate,
-recognised by a dedup key). A delivery still queued when too little time is left, or
-whose sender left, leaves the queue: nothing of it was sent to the database.
-
-Hand-off (``HandOff``): when the worker pool of this process is idle (``ready``),
-a lone delivery's hop stores its job already claimed by this process, in the same
-durable transaction (``intake_store_handoff``, migrations/0012: only when the job is
-the one the claim would take now: due, its kind not paused, its recipient free with
-an empty line, nothing else due), and gives it to the pool (``take``) as soon as the
-statement returns: no NOTIFY, listener, fetcher and claim round trip with its own
-durable commit between the 202 and the job's start. The job then runs as any claimed
-job does (lease, renewal, completion, shutdown). A pool that stopped meanwhile gets it
-back to pending (``give_back``, the attempt not counted). Anything else falls back to
-the ordinary store, and the workers claim the job. A hop cut off after it committed
-(its connection, its deadline) finds the handed-off job in its commit record and
-hands it off all the same (its lease counted from before the statement was sent).
-
-Replaying (``replay_event``): a stored event is parsed again with its source and
-its jobs are created; keyed jobs that exist already are skipped.
-
-The HTTP side (verification, answers) is ``autom.web.intake``; the operator's
-side (``autom replay``, ``POST /admin/events/{id}/replay``) is ``autom.ops``.
+``StoreBatcher.deliver`` stores one delivery (the event, its jobs, their recipients'
+rows) in one statement, batched with the deliveries that arrive meanwhile, and
+answers each by its deadline; with a ``HandOff`` a lone delivery's job is stored
+claimed and given to this process's idle workers. ``store_params`` /
+``encode_delivery`` build a delivery, ``fetch_event`` and ``replay_event`` serve the
+operator. Invariant: a delivery's answer says what was committed (202) or that
+nothing was, or may be, stored (503). How and why: docs/design/intake.md.
 """
 
 from __future__ import annotations
@@ -197,13 +159,10 @@ class _Delivery:
         """Until woken (``WOKEN``), ``deadline`` (``DEADLINE``) or ``gone`` returns: its sender left (``GONE``).
 
         Without ``gone`` the wait is on an ``Event``. With it, the request's own task
-        waits on its sender's channel (``gone``), and waking cancels that wait: no task
-        per delivery (spawning one cost ~30 µs, a twentieth of a delivery's CPU), but the
-        cancellation raised through the channel's receive costs ~40 µs more than an Event
-        (bench/RESULTS.md, "Speed round four"), so a delivery whose sender can be checked
-        without waiting (``left``) waits on the Event and is checked when a hop would take
-        it (``StoreBatcher._lead``). The wait's scope carries the deadline: a second scope
-        for it cost ~14 µs a delivery.
+        waits on its sender's channel (``gone``), and waking cancels that wait (no task
+        per delivery). A delivery whose sender can be checked without waiting (``left``)
+        waits on the Event, the cheaper of the two, and is checked when a hop would take
+        it (``StoreBatcher._lead``). The costs: docs/design/intake.md, "What a delivery costs".
         """
         if self.woken:
             await trio.lowlevel.checkpoint()
@@ -229,11 +188,8 @@ class _Delivery:
 class StoreBatcher:
     """Group commit of deliveries: one hop at a time, taking every delivery queued meanwhile.
 
-    One hop at a time: a batch holds its recipients' row locks until it commits,
-    and two batches of this process taking them in different orders could
-    deadlock (PostgreSQL would break it after deadlock_timeout, 1 s, and the
-    deliveries would then be stored one by one). Two hops at a time were no
-    faster in bench/intake.py (RESULTS.md, Intake).
+    One hop at a time: a batch holds its recipients' row locks until it commits, and
+    two batches taking them in different orders could deadlock (docs/design/intake.md).
 
     ``await deliver(params, deadline)`` returns ``Stored`` once the delivery is
     committed (event None for a redelivery), or raises (``DatabaseUnavailable``
@@ -262,12 +218,8 @@ class StoreBatcher:
     A leader does not start its hop at once: it first waits, at most ``gather``
     seconds (``GATHER_SECONDS``), until the event loop has nothing else to do, so the
     deliveries the loop is still reading, verifying and parsing join this hop instead
-    of queueing behind it. Without it, concurrent senders moved in a convoy: a big
-    batch answered its senders together, the first of their next deliveries went
-    alone in a hop that was slow (it ran while the loop worked through the others),
-    and the rest waited for it and then for their own hop: that was the intake's p99
-    (bench/RESULTS.md, "Speed round two"). A lone delivery on an idle process waits
-    only for one turn of the loop.
+    of queueing behind it (without it senders moved in a convoy: docs/design/intake.md).
+    A lone delivery on an idle process waits only for one turn of the loop.
     """
 
     def __init__(self, db: Database, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES,
@@ -558,7 +510,7 @@ class StoreBatcher:
 
         The statement may have committed before the connection went (then a 503 would
         make senders without an event id deliver again: a duplicate). Inserting the
-        hop's token decides it (intake_commits, migrations/0006): that insert waits
+        hop's token decides it (the intake_commits table): that insert waits
         for the hop's transaction if the server still runs it, wins if the hop did not
         commit (which it then never can), and finds the hop's record if it did. None
         also when the database cannot be asked by ``by`` (trio time): then nobody
@@ -648,7 +600,7 @@ def store_params(
 
     Jobs travel as one JSON array (``jobs_json``, the queue's own encoding) rather
     than one typed array per column: psycopg adapts one text parameter much faster
-    than six lists (measured: the hop's CPU time went from ~0.8 to ~0.65 ms).
+    than six lists (docs/design/intake.md).
     ``event_id`` is the new event's, set by the statement.
     """
     params = {

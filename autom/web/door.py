@@ -1,32 +1,12 @@
-"""The door: admission checks that run before a webhook body is read (autom/admission.py).
+"""The door: the admission checks of ``POST /hooks/{source}`` that run before its body is read.
 
-An ASGI middleware around Quart's ``asgi_app`` (``create_app`` installs it), so it
-runs after hypercorn has parsed the request head and before anything reads the
-body. Only ``POST /hooks/{source}`` is looked at, in the README's order (Sources):
-
-1. an unknown source passes on to Quart's 404 (counted as a failed delivery);
-2. a source with a header proof (``verify_headers``: Telegram's secret) has it
-   checked now; a delivery it passes skips the per-address checks (its ``verify``
-   still runs in the intake once the body is read: the header proof is an early
-   refusal, never the whole proof);
-3. otherwise: 429 for a client blocked for failing (more than 20 failures in
-   10 s), then 429 for a client over CLIENT_RATE (its token bucket);
-4. 413 for a declared Content-Length over MAX_BODY_BYTES; 401 for a failed header proof;
-5. the body is read here, within ``BODY_DEADLINE_SECONDS`` in total and at most
-   MAX_BODY_BYTES (408 or 413 otherwise), and handed to the intake
-   (``Intake.deliver``, autom/web/intake.py) directly: a delivery to a known source
-   never goes through Quart, whose request machinery cost about a fifth of its CPU.
-   An exception there is logged and answered 500 ``{"error": "internal error"}``, as
-   Quart's handler would. A client that disconnects meanwhile gets no answer, and
-   its delivery, if still waiting for the database, is withdrawn (nothing stored),
-   as when Quart cancelled its handler; one already sent is stored all the same
-   (``Intake.deliver``, which also bounds a delivery by a deadline: 503 when not
-   stored by then).
-
-Every refusal given here (429, 408, 413) closes the connection (``Connection:
-close``): the body stays unread, and a refused client pays for a new one. A 401
-keeps it, as the intake's does (serve.py's DrainRequestBody reads the bounded rest).
-Answers of the intake or the app with 401 or 404 count as failed deliveries of the client.
+``Door`` is an ASGI middleware around Quart's ``asgi_app`` (``create_app`` installs it):
+every other request passes untouched. In the README's order it refuses (429 rate or
+failing client, 413 declared size, 401 header proof, 408/413 while reading), then reads
+the body within ``BODY_DEADLINE_SECONDS`` and hands it to ``Intake.deliver`` directly:
+a delivery to a known source never goes through Quart. Invariants: a refusal before the
+body closes the connection; an answer of 401 or 404 counts as a failed delivery of its
+client. The order and the reasons: docs/design/intake.md.
 """
 
 from __future__ import annotations
@@ -140,8 +120,8 @@ class Door:
 
         Whether the client has gone is checked without waiting when the server's
         ``receive`` can tell (``serve_http``'s, web/serve.py: ``departure_check``), when a
-        hop would take the delivery; else the delivery waits on ``receive`` itself, which
-        costs ~40 µs more a queued delivery (bench/RESULTS.md, "Speed round four").
+        hop would take the delivery; else the delivery waits on ``receive`` itself (dearer:
+        docs/design/intake.md, "What a delivery costs").
         """
         check = getattr(receive, "departure_check", None)
         left = check() if check is not None else None

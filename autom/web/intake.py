@@ -1,35 +1,12 @@
-"""``POST /hooks/{source}``: verify a webhook delivery, store it and its jobs in one transaction.
+"""``POST /hooks/{source}``: verify a webhook delivery, parse it, and store it with its jobs.
 
-The checks run in this order (the README's, section Sources), and nothing is
-written unless all pass:
-
-1. 404 the source is unknown or not enabled (its secret is unset);
-2. 413 the body is larger than MAX_BODY_BYTES (by Content-Length at once, or
-   mid-stream for a chunked body: the door, autom/web/door.py, which reads the
-   body and hands it to ``Intake.deliver``; Quart never sees a delivery);
-3. 401 the source's verification fails;
-4. 400 the verified body is not UTF-8 text, or holds a NUL character
-   (PostgreSQL ``text`` cannot store one, and ``events.body`` is the exact body);
-5. 503 the database is unavailable, or refused to store it (a statement or lock
-   timeout: any database error; nothing was written), or did not store it within
-   ``DELIVERY_SECONDS`` (a delivery's total deadline once its body is read: stored
-   or not is known by then, except when the database stopped in the middle of its
-   statement: ``StoreBatcher``), or the backlog is full for
-   this sender; 429 a recipient of the delivery is at MAX_PENDING_PER_RECIPIENT
-   (both with Retry-After; autom/admission.py. The 429s of the per-client limits
-   come earlier, before the body is read: autom/web/door.py);
-6. 202 ``{"id": N, "jobs": K}``, or 202 ``{"duplicate": true}`` for a redelivery.
-
-The body is parsed into jobs *before* the database hop; storing it (the event,
-its jobs, group commit with the deliveries arriving meanwhile) is
-``autom.events.StoreBatcher``'s: this module is the HTTP side only.
-A verified body that does not parse is still stored, with no jobs: it is an
-event we (or the sender) got wrong, and ``autom replay`` can make its jobs once
-the parser is fixed.
-
-Headers are stored with lower-cased names and without the secret-bearing ones
-(the source's ``secret_headers``, plus Authorization, Cookie and
-Proxy-Authorization), so the events table never holds a credential.
+``Intake.deliver`` is the whole route once the door has read the body: 401 failed
+verification, 400 a body that is not UTF-8 text (or holds NUL), 503/429 admission
+(``autom.admission``), 503 the database did not store it by ``DELIVERY_SECONDS``,
+else 202 ``{"id": N, "jobs": K}`` or ``{"duplicate": true}``. Invariants: nothing is
+written unless every check passes; a verified body that does not parse is stored
+without jobs (replayable); no credential header is stored. Storing is
+``autom.events.StoreBatcher``'s. The order and the reasons: docs/design/intake.md.
 """
 
 from __future__ import annotations
@@ -103,10 +80,9 @@ class Intake:
 
     ``deliver`` is the whole route for a known source once its body is read; the door
     (autom/web/door.py) calls it directly and sends its ``Answer`` as ASGI messages, so
-    a delivery never goes through Quart's request machinery (a request context, a
-    ``Request`` and a ``Response`` object, its routing: about a fifth of a delivery's
-    CPU, bench/RESULTS.md). ``not_found`` is the Quart route behind it, for what the door
-    passes on: a delivery to an unknown source.
+    a delivery never goes through Quart's request machinery (docs/design/intake.md).
+    ``not_found`` is the Quart route behind it, for what the door passes on: a delivery
+    to an unknown source.
     """
 
     def __init__(self, deps: Deps, admission: Admission | None = None) -> None:

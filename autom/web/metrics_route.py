@@ -1,18 +1,11 @@
 """``GET /metrics``: this process's metrics in the Prometheus text format (0.0.4).
 
-The counters and histograms (events by source and outcome, intake and job
-durations, job attempts by outcome, alerts, busy workers) move as the intake and
-the workers do their work. The gauges that describe the *database* (jobs by
-status and kind, queue lag, alerts not delivered yet) are refreshed here, before
-rendering, with three cheap queries (``autom.jobs.health``: job counts and queue
-lag; ``autom.alerts.read_alert_health``), at most once every ``REFRESH_SECONDS``:
-Prometheus, a second scraper and a curious operator together must not turn into
-database load, and every replica exports the same numbers anyway.
-
-When the database is down the route still answers 200, quickly (a refresh gets
-``QUERY_BUDGET_SECONDS``), with the process's own metrics, the last known
-database gauges and ``autom_database_up 0``: a scrape that failed would hide
-exactly the numbers wanted during an outage.
+Counters and histograms move as the intake and the workers work; the gauges that
+describe the database (jobs by status and kind, queue lag, alerts not delivered yet)
+are refreshed here before rendering, with three cheap queries, at most once every
+``REFRESH_SECONDS`` (``DatabaseGauges``), so scrapers never turn into database load.
+Invariant: with the database down it still answers 200 quickly (a refresh gets
+``QUERY_BUDGET_SECONDS``), with the last known gauges and ``autom_database_up 0``.
 """
 
 from __future__ import annotations

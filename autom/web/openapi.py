@@ -1,16 +1,10 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of autom's HTTP interface (no auth).
 
-It describes what the routes really answer (README, Operations; the docstrings
-of ``intake``, ``admin``, ``health`` and ``metrics_route``), status codes and
-bodies included, and tests/integration/test_admin_fuzz.py holds the live app to
-it: every answer to generated requests must be a documented status with a body
-of the documented shape. Written as Python data rather than a shipped JSON file
-so the shared pieces (the error body, the id parameters) are defined once, and
-the limits are the code's own constants.
-
-Not described, because they are not routes of their own: 404 for a path that no
-route serves, 405 (with ``Allow``) for a method a path does not take, and the
-automatic ``HEAD``/``OPTIONS`` answers; they are JSON errors too.
+It describes what the routes really answer, status codes and bodies included, and
+tests/integration/test_admin_fuzz.py holds the live app to it. Python data rather than
+a shipped file, so shared pieces (the error body, the id parameters) are defined once
+and the limits are the code's own constants. Not described: 404 for a path no route
+serves, 405 (with ``Allow``), the automatic ``HEAD``/``OPTIONS``: JSON errors too.
 """
 
 from __future__ import annotations

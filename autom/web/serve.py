@@ -1,30 +1,12 @@
 """``serve_http``: Hypercorn's trio server for the app, inside the caller's nursery.
 
-``await nursery.start(serve_http, deps, app)`` returns the bound URLs once the
-sockets listen. Shutdown is hypercorn's own, driven by ``deps.shutdown``: when
-it turns true the listeners close at once (new connections are refused), idle
-keep-alive connections are closed, and requests in flight get
-``graceful_timeout`` (at most SHUTDOWN_GRACE_SECONDS) to finish. Cancelling
-``serve_http`` instead would skip the socket shutdowns (hypercorn #106).
-
-``ShieldFinalSend`` works around a quart-trio 0.12 × hypercorn 0.18 bug
-(measured when the stack was chosen): hypercorn re-arms a connection's keep-alive idle
-timer from inside the app's final ``send``, and quart-trio cancels the request's
-nursery when the stream ends (the ``http.disconnect`` hypercorn sends), which
-lands while that send is still re-arming the timer. Without the timer an idle
-connection never times out, and at shutdown it keeps serving new requests until
-``graceful_timeout`` cuts it. tests/e2e/test_http_serve.py shows both, and
-notices when an upgrade makes the middleware unnecessary.
-
-``DrainRequestBody`` keeps keep-alive connections alive after an answer given
-before the request body was read (a 404 for an unknown source, a 401, Quart's
-404/405): hypercorn recycles a connection only if h11 has parsed the whole
-request body when the response ends, and closes it otherwise, so a client that
-reuses it sees a reset (1 in 3 requests with 300 KB bodies). The middleware reads
-the rest of the body, at most MAX_BODY_BYTES in all, before the last response
-message; a larger body is not read: the answer says ``Connection: close`` when
-that is known in time, and hypercorn closes the connection.
-tests/e2e/test_http_keepalive_unread_body.py makes the race happen.
+``await nursery.start(serve_http, deps, app)`` returns the bound URLs once the sockets
+listen; when ``deps.shutdown`` turns true the listeners close, idle keep-alive
+connections are closed and requests in flight get ``graceful_timeout`` (at most
+SHUTDOWN_GRACE_SECONDS). Two ASGI middlewares work around upstream behaviour:
+``ShieldFinalSend`` (a quart-trio × hypercorn bug that kills the keep-alive timer) and
+``DrainRequestBody`` (keep-alive after an answer given before the body was read); tests
+in tests/e2e notice when an upgrade makes them unnecessary. The stories: docs/design/http.md.
 """
 
 from __future__ import annotations
@@ -220,12 +202,10 @@ _frozen = False
 def freeze_startup_objects() -> None:
     """Move the objects alive now (modules, the app, its routes) out of the garbage collector's sight.
 
-    The collector's full collections walk every tracked object: with hypercorn, Quart
-    and psycopg loaded that took 33 ms (median, 45 ms at most), about once a second
-    under load, and every request in flight waited for it: the p99 of both of
-    bench/intake.py's routes. Frozen start-up objects are never walked again (nor
-    freed: they live as long as the process anyway); a full collection then takes
-    about 1 ms. Once per process, after a collection so no garbage is frozen.
+    A full collection walks every tracked object, and every request in flight waits for
+    it: frozen start-up objects are never walked again (nor freed: they live as long as
+    the process anyway), which took the intake's p99 from ~33 ms pauses to ~1 ms
+    (docs/design/http.md). Once per process, after a collection so no garbage is frozen.
     """
     global _frozen
     if not _frozen:
@@ -246,8 +226,8 @@ def hypercorn_config(
     # through the process's logging configuration like every other line (no duplicates).
     config.errorlog = logging.getLogger("hypercorn.error")
     # The access log only if someone enabled it (autom.logs sets it to WARNING): hypercorn
-    # builds every line's fields before the logger looks at its level, ~6 % of a request's
-    # CPU time (py-spy, bench/intake.py). The intake logs its own line per delivery.
+    # builds every line's fields before the logger looks at its level (a measurable share
+    # of a request's CPU: docs/design/http.md). The intake logs its own line per delivery.
     access = logging.getLogger("hypercorn.access")
     config.accesslog = access if access.isEnabledFor(logging.INFO) else None
     config.include_server_header = False

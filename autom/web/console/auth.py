@@ -1,24 +1,11 @@
-"""The console's session and CSRF token: pure, with the time passed in.
+"""The console's session cookie, CSRF token and notice seals: pure, with the time passed in.
 
-**Session.** Logging in with ADMIN_TOKEN sets a cookie ``v1.<issued>.<nonce>.<mac>``:
-when it was issued (unix seconds), a random nonce, and an HMAC-SHA256 of both under
-a key derived from ADMIN_TOKEN, so every replica can check it; changing ADMIN_TOKEN
-ends every session at once. It is valid for CONSOLE_SESSION_HOURS after it was
-issued (not renewed by use: a stolen cookie dies on time). Logging out records the
-nonce in the database (views.py), and every replica refuses the cookie from then
-on. The token itself is never in the cookie, a URL or a log.
-
-**Notices.** What a redirect after an action tells the page it lands on ("Replayed:
-created job(s) 7", "Put back in the queue") carries a seal of the session
-(``seal``): a crafted link, or one from another session, shows no notice.
-
-**CSRF.** Every form carries a token derived from the session (an HMAC of its nonce
-under its own key), so it never goes stale across tabs and needs no storage; a
-POST without the right one is 403. Cross-site POSTs are refused earlier by
-``Sec-Fetch-Site`` / ``Origin`` (``cross_site``) where the browser sends them.
-
-**Wrong logins** count against their client only (``autom.web.lockout``), never
-against the right token sent from anyone else.
+``Sessions(ADMIN_TOKEN, lifetime)`` issues and checks ``v1.<issued>.<nonce>.<mac>``
+cookies (valid for the lifetime, never renewed by use; changing ADMIN_TOKEN ends every
+session), derives each session's CSRF token and seals the notices a redirect carries.
+``cross_site`` reads Sec-Fetch-Site / Origin. Invariants: the token itself is never in
+a cookie, a URL or a log; every comparison is constant-time. Why each choice:
+docs/design/console.md.
 """
 
 from __future__ import annotations
