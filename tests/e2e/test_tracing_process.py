@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 import trio
 
-from autom.testing.telegram_stub import Reply
-from tests.support.http_stub import HttpStub, running_http_stub
+from autom.testing import HttpStub, Reply, running_http_stub
 from tests.support.processes import AutomProcess, autom_processes
 from tests.support.service import ADMIN_TOKEN, SITE_SECRET
 
@@ -87,7 +86,7 @@ def site_post(url: str, payload: dict[str, Any], headers: dict[str, str] | None 
 
 def plan_telegram(stub: HttpStub) -> None:
     """The stub answers sendMessage like Telegram (the /ping gets one too: it reads no body)."""
-    stub.plan(*[Reply(body=SENT, headers={"content-type": "application/json"}) for _ in range(10)])
+    stub.answers.extend(Reply(body=SENT) for _ in range(10))
 
 
 async def test_delivery_job_follow_up_and_telegram_call_are_one_trace_across_processes(dsn, db, tmp_path: Path) -> None:
@@ -127,7 +126,7 @@ async def test_delivery_job_follow_up_and_telegram_call_are_one_trace_across_pro
     assert all("TEST-token" not in json.dumps(s) for s in spans(second))
     assert server["resource"]["attributes"]["service.name"] == "autom-test"
     # traceparent went out with both calls: version-trace id-the client span-flags
-    sent = {r.path.rsplit("/", 1)[-1]: r.headers.get("traceparent", "") for r in requests}
+    sent = {r["path"].rsplit("/", 1)[-1]: r["headers"].get("traceparent", "") for r in requests}
     assert sent["ping"].split("-")[1:3] == [trace_id[2:], ping["context"]["span_id"][2:]]
     assert sent["sendMessage"].split("-")[1:3] == [trace_id[2:], telegram["context"]["span_id"][2:]]
 

@@ -1,6 +1,6 @@
 """HEARTBEAT_URL: the heartbeat job pings a dead-man's switch, and a failed ping never fails it.
 
-The outside service is a local HTTP stub (tests/support/http_stub.py) that answers
+The outside service is a local HTTP stub (``autom.testing.running_http_stub``) that answers
 200, 503, nothing at all, or is not there. The job runs in the real service, from
 its schedule, against a real database; the ping's own bounds are tested on ``ping``.
 """
@@ -16,9 +16,9 @@ import trio
 
 from autom.handlers.heartbeat import ping
 from autom.schedule import Schedule
-from tests.support.http_stub import HttpStub, running_http_stub
+from autom.testing import HttpStub, Reply, running_http_stub
 from tests.support.service import running_service, service_settings, wait_until
-from tests.support.telegram_stub import Reply, TelegramStub
+from tests.support.telegram_stub import TelegramStub
 
 SECRET_PATH = "/ping/0f3c2a9e-secret-uuid"
 HOURLY = [Schedule("heartbeat", every_minutes=60)]
@@ -41,7 +41,7 @@ async def test_the_heartbeat_job_gets_the_url(dsn, db, telegram_stub: TelegramSt
         with trio.fail_after(20):
             [request] = await switch.wait_for_requests(1)
         await wait_until(lambda: heartbeat_done(db), timeout=20)
-    assert (request.method, request.path, request.query) == ("GET", SECRET_PATH, "rid=1")
+    assert (request["method"], request["path"], request["query"]) == ("GET", SECRET_PATH, "rid=1")
     assert await db.fetch_val("select count(*) from service_state where name = 'heartbeat'") == 1
     assert len(switch.requests) == 1  # one job, one ping
 
@@ -56,7 +56,7 @@ async def test_an_error_answer_is_logged_without_the_secret_and_the_job_is_done(
     dsn, db, telegram_stub: TelegramStub, switch: HttpStub, caplog: pytest.LogCaptureFixture
 ):
     caplog.set_level(logging.INFO, logger="autom.handlers.heartbeat")
-    switch.plan(Reply(status=503, body="down"))
+    switch.answers.append(Reply(status=503, body="down"))
     settings = service_settings(dsn, telegram_stub.url, heartbeat_url=switch.url + SECRET_PATH)
     async with running_service(settings, schedules=HOURLY):
         await wait_until(lambda: heartbeat_done(db), timeout=20)  # done at the first attempt
@@ -69,7 +69,7 @@ async def test_an_error_answer_is_logged_without_the_secret_and_the_job_is_done(
 
 async def test_a_ping_that_gets_no_answer_gives_up_at_its_deadline(switch: HttpStub, caplog):
     caplog.set_level(logging.WARNING, logger="autom.handlers.heartbeat")
-    switch.plan(Reply(hang=True))
+    switch.answers.append(Reply(hang=True))
     with trio.fail_after(30):  # a backstop for the test, not a timing assertion
         assert await ping(switch.url + SECRET_PATH, within=0.5) is False
     # one try, no retry (on a machine at load 15 the deadline can pass before the stub has read the request)
@@ -91,4 +91,4 @@ async def test_a_ping_to_a_closed_port_is_logged_without_the_secret(caplog):
 
 async def test_a_2xx_answer_is_success(switch: HttpStub):
     assert await ping(switch.url + SECRET_PATH, within=5) is True
-    assert switch.requests[0].method == "GET"
+    assert switch.requests[0]["method"] == "GET"
