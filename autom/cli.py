@@ -164,16 +164,23 @@ def _when(job: dict[str, Any], *names: str) -> str:
     return ""
 
 
+def _shown_plainly(rows: Any, as_json: bool, none: str | None = None) -> bool:
+    """Print ``rows`` as JSON (``--json``), or ``none`` when there are none; False: the caller prints its table."""
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return True
+    if none is not None and not rows:
+        print(none)
+        return True
+    return False
+
+
 def cmd_failed(args: argparse.Namespace) -> int:
     """``autom failed``: the latest failed jobs (stored text with its control characters escaped)."""
     from autom.ops import visible
 
     jobs = _run_ops(lambda ops: ops.failed_jobs(args.limit))
-    if args.json:
-        print(json.dumps(jobs, indent=2, default=str))
-        return 0
-    if not jobs:
-        print("no failed jobs")
+    if _shown_plainly(jobs, args.json, "no failed jobs"):
         return 0
     print(f"{'ID':>8}  {'KIND':<20}  {'ATTEMPTS':>8}  {'FAILED AT (UTC)':<19}  LAST ERROR")
     for job in jobs:
@@ -190,8 +197,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     from autom.ops import visible
 
     job = _run_ops(lambda ops: ops.get_job(args.job_id))
-    if args.json:
-        print(json.dumps(job, indent=2, default=str))
+    if _shown_plainly(job, args.json):
         return 0
     for name in ("id", "kind", "status", "attempts", "max_attempts", "recipient", "event_id", "run_at",
                  "created_at", "finished_at", "last_error"):
@@ -214,11 +220,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from autom.ops import visible
 
     actions = _run_ops(lambda ops: ops.audit(args.limit))
-    if args.json:
-        print(json.dumps(actions, indent=2, default=str))
-        return 0
-    if not actions:
-        print("no operator actions recorded")
+    if _shown_plainly(actions, args.json, "no operator actions recorded"):
         return 0
     print(f"{'AT (UTC)':<19}  {'VIA':<8}  {'ACTION':<12}  TARGET")
     for act in actions:
@@ -234,11 +236,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     filt = JobFilter(status=args.status, kind=args.kind, recipient=args.recipient, event_id=args.event,
                      since=args.since, until=args.until)
     jobs = _run_ops(lambda ops: ops.list_jobs(filt, limit=args.limit, before=args.before))
-    if args.json:
-        print(json.dumps(jobs, indent=2, default=str))
-        return 0
-    if not jobs:
-        print("no jobs match")
+    if _shown_plainly(jobs, args.json, "no jobs match"):
         return 0
     print(f"{'ID':>8}  {'KIND':<20}  {'STATUS':<9}  {'ATTEMPTS':>8}  {'CREATED (UTC)':<19}  {'RECIPIENT':<12}  "
           "LAST ERROR")

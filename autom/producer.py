@@ -79,12 +79,19 @@ def enqueue_sync(
     run_at: datetime | None = None,
     max_attempts: int | None = None,
 ) -> int | None:
-    """Enqueue one job from synchronous code; returns its id, or None when a job of ``kind``
-    with ``key`` exists (nothing is created; one info line on logger ``autom.enqueue`` names it).
+    """Enqueue one job of ``kind`` from synchronous code.
+
+    Returns its id, or None when a job of ``kind`` with ``key`` exists (nothing is
+    created; one info line on logger ``autom.enqueue`` names it).
 
     ``database``: a DSN (committed at once) or a psycopg 3 ``Connection`` (the job
-    commits with that connection's transaction). ``max_attempts`` None: the kind's
-    handler's, as the service last registered it, else 8.
+    commits with that connection's transaction). ``payload``: a JSON object (a dict).
+    ``key``: the job is created once per kind and key. ``recipient``: its FIFO group (a
+    chat id). ``run_at``: an aware datetime, None = now. ``max_attempts``: None = the
+    kind's handler's, as the service last registered it, else 8.
+
+    Raises ``ValueError``/``TypeError`` for a job the database would refuse (``new_job``)
+    or a ``database`` that is neither, and psycopg's errors when the database does.
     """
     job = new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)
     text = jobs_json([job])
@@ -103,7 +110,10 @@ async def enqueue(
     run_at: datetime | None = None,
     max_attempts: int | None = None,
 ) -> int | None:
-    """``enqueue_sync`` for async code (trio or asyncio): the database call runs in a worker thread."""
+    """``enqueue_sync`` for async code (trio or asyncio): the same arguments, returns and raises;
+    the database call runs in a worker thread."""
+    # enqueue_sync's signature and body again, on purpose: one public function each for sync
+    # and async callers, the database call the only line that differs
     job = new_job(kind, payload, key=key, recipient=recipient, run_at=run_at, max_attempts=max_attempts)
     text = jobs_json([job])
     rows = await anyio.to_thread.run_sync(insert_at if isinstance(database, str) else insert_on, database, text)

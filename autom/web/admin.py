@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from quart import Blueprint, Response, request
@@ -168,20 +168,20 @@ class Admin:
 
     async def retry_job(self, job_id: str) -> Response:
         """``POST /admin/jobs/{id}/retry``: 200 the job, now pending; 409 running or done; 404 unknown."""
-        ident = await _path_id(job_id, "job")
-        job = await self._ops.retry_job(ident, via="api")
-        self._deps.doorbell.set()
-        log.info("admin: job %d put back in the queue", ident, extra={"job_id": ident, "kind": job["kind"]})
-        return json_response(200, job)
+        return await self._job_action(job_id, self._ops.retry_job, "put back in the queue")
 
     async def cancel_job(self, job_id: str) -> Response:
         """``POST /admin/jobs/{id}/cancel``: 200 the job, now cancelled (also a running one); 409 done, failed
         or cancelled; 404 unknown."""
-        ident = await _path_id(job_id, "job")
-        job = await self._ops.cancel_job(ident, via="api")
-        # its recipient's later jobs may be free to run now
+        return await self._job_action(job_id, self._ops.cancel_job, "cancelled")
+
+    async def _job_action(self, raw: str, op: Callable[..., Awaitable[dict[str, Any]]], done: str) -> Response:
+        """``op(id, via="api")`` on the path's job; 200 the job as it is now."""
+        ident = await _path_id(raw, "job")
+        job = await op(ident, via="api")
+        # a retried job may run now; a cancelled one may free its recipient's later jobs
         self._deps.doorbell.set()
-        log.info("admin: job %d cancelled", ident, extra={"job_id": ident, "kind": job["kind"]})
+        log.info("admin: job %d %s", ident, done, extra={"job_id": ident, "kind": job["kind"]})
         return json_response(200, job)
 
     async def reschedule_job(self, job_id: str) -> Response:

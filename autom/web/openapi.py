@@ -543,6 +543,7 @@ _PATHS: dict[str, Any] = {
             {"200": _json("The paused kinds.", _ref("PausedKinds")), "400": _NO_QUERY},
         ),
     },
+    # pause and resume (of a kind, of a recipient) are alike by design: one entry each, as data
     "/admin/kinds/{kind}/pause": {
         "post": _admin_operation(
             "pauseKind", "Pause a kind: its jobs stay pending (every replica) until resumed",

@@ -290,19 +290,18 @@ class Console:
 
     async def retry(self, job_id: str) -> Response:
         """``POST /ui/jobs/{id}/retry``: back in the queue; then the job's page."""
-        ident = p.ident("job id", job_id)
-        await self._ops.retry_job(ident, via="console")
-        self._deps.doorbell.set()
-        log.info("console: job %d put back in the queue", ident, extra={"job_id": ident})
-        return redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "retried"), 303)
+        return await self._job_action(job_id, self._ops.retry_job, "retried", "put back in the queue")
 
     async def cancel(self, job_id: str) -> Response:
         """``POST /ui/jobs/{id}/cancel``: cancelled; then the job's page."""
-        ident = p.ident("job id", job_id)
-        await self._ops.cancel_job(ident, via="console")
-        self._deps.doorbell.set()
-        log.info("console: job %d cancelled", ident, extra={"job_id": ident})
-        return redirect(self._sealed(f"/ui/jobs/{ident}", "notice", "cancelled"), 303)
+        return await self._job_action(job_id, self._ops.cancel_job, "cancelled", "cancelled")
+
+    async def _job_action(self, raw: str, op: Callable[..., Awaitable[Any]], notice: str, done: str) -> Response:
+        ident = p.ident("job id", raw)
+        await op(ident, via="console")
+        self._deps.doorbell.set()  # a retried job may run now; a cancelled one may free its recipient's next
+        log.info("console: job %d %s", ident, done, extra={"job_id": ident})
+        return redirect(self._sealed(f"/ui/jobs/{ident}", "notice", notice), 303)
 
     async def reschedule(self, job_id: str) -> Response:
         """``POST /ui/jobs/{id}/reschedule`` (field run_at: ``now`` or an ISO 8601 time); then the job's page."""
