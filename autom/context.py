@@ -262,8 +262,9 @@ class HandlerContext:
         nothing is created). Nothing is written if this run raises, times out or loses its
         lease. ``key``: created once per kind and key. ``recipient``: the FIFO group (a chat id: one at a time,
         in order). ``run_at``: an aware datetime, or a delay. ``max_attempts``: default
-        the kind's. Raises ``PermanentError`` at the call for a kind no handler serves or
-        a payload that is not a JSON object.
+        the kind's. Raises ``PermanentError`` at the call for a kind no handler serves, a
+        payload that is not a JSON object of JSON values, a naive ``run_at`` or a
+        ``max_attempts`` that is not a whole number ≥ 1 (``autom.producer.new_job``).
         """
         spec = self._services.registry.handlers.get(kind)
         if spec is None:

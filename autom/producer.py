@@ -1,24 +1,12 @@
 """``autom.enqueue`` and ``autom.enqueue_sync``: hand work to autom from another program.
 
-::
-
-    # a web app (any framework), in the same transaction as its own writes
-    with psycopg.connect(DSN) as conn:
-        conn.execute("insert into orders ...")
-        autom.enqueue_sync(conn, "shop.order", {"id": 42}, key="order:42")
-
-    # trio or asyncio code
-    job_id = await autom.enqueue(DSN, "shop.order", {"id": 42})
-
-Both take a DSN (a short connection of their own, committed at once) or a psycopg
-3 ``Connection`` (the caller's transaction: committed with the caller's writes, or
-not at all). The SQL underneath is a function any language can call (README,
-"Enqueue from outside")::
-
-    select autom_enqueue('[{"kind": "shop.order", "payload": {"id": 42}, "key": "order:42"}]'::jsonb);
-
-The service wakes at once (the function NOTIFYs ``autom_jobs``). A job of a kind no
-handler serves fails permanently when a worker claims it, with an alert.
+Both take a DSN (a short connection of their own, committed at once) or a psycopg 3
+``Connection`` (the job commits or rolls back with the caller's own writes), e.g.
+``autom.enqueue_sync(conn, "shop.order", {"id": 42}, key="order:42")`` inside the
+caller's transaction. ``new_job`` is the one validation of a job to enqueue (also
+``ctx.enqueue``'s). The SQL underneath, ``autom_enqueue``, is a function any language can
+call, and it wakes the service (NOTIFY); README, "Enqueue from outside". A job of a kind
+no handler serves fails permanently when a worker claims it, with an alert.
 """
 
 from __future__ import annotations
