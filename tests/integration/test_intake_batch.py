@@ -30,7 +30,6 @@ from autom.events import (
     GATHER_SECONDS,
     SenderGone,
     StoreBatcher,
-    Stored,
     batch_items,
     store_params,
 )
@@ -48,6 +47,12 @@ def params(n: int, *, dedup: str | None = None, jobs: int = 1, recipient: str = 
     return store_params("site", HEADERS, json.dumps({"n": n}), dedup or f"k{n}", new_jobs)
 
 
+async def store(batcher: StoreBatcher, *args: Any, **kwargs: Any) -> tuple[int | None, int]:
+    """``batcher.deliver(...)``'s event id and job count (what these tests look at)."""
+    stored = await batcher.deliver(*args, **kwargs)
+    return stored.event_id, stored.jobs
+
+
 @asynccontextmanager
 async def events_locked(dsn: str) -> AsyncIterator[None]:
     """Hold ``events`` locked for the block: a hop that inserts an event waits until the block ends."""
@@ -63,7 +68,7 @@ def storer(batcher: StoreBatcher, results: dict[int, Any]) -> Callable[[int], Aw
     """``one(n)``: store delivery ``n`` through ``batcher``; its outcome (or DatabaseUnavailable) in ``results[n]``."""
     async def one(n: int) -> None:
         try:
-            results[n] = await batcher.deliver(params(n))
+            results[n] = await store(batcher, params(n))
         except DatabaseUnavailable as exc:
             results[n] = exc
 
@@ -88,7 +93,7 @@ async def store_all(
 
     async def one(p: dict[str, Any], slot: list[Any], i: int) -> None:
         try:
-            slot[i] = await batcher.deliver(p)
+            slot[i] = await store(batcher, p)
         except Exception as exc:
             slot[i] = exc
 
@@ -126,7 +131,7 @@ async def test_a_redelivery_inside_a_batch_is_a_duplicate_without_jobs(db: Any, 
     _, results = await store_all(batcher, dsn, params(0), rest)
     assert batcher.hops_run == 2
     assert results[1][0] is not None and results[1][1] == 2  # the first of the three wins, in order
-    assert results[3] == Stored(None, 0) and results[4] == Stored(None, 0)
+    assert results[3] == (None, 0) and results[4] == (None, 0)
     assert all(r[0] is not None for i, r in enumerate(results) if i not in (3, 4))
     assert await db.fetch_val("select count(*) from events where dedup_key = 'same'") == 1
     # as separate transactions would: the duplicates' jobs (job-3-*) were never created
@@ -136,9 +141,9 @@ async def test_a_redelivery_inside_a_batch_is_a_duplicate_without_jobs(db: Any, 
 
 async def test_a_redelivery_of_a_stored_event_inside_a_batch_is_a_duplicate(db: Any, dsn: str) -> None:
     batcher = StoreBatcher(db)
-    stored = await batcher.deliver(params(7))
+    stored = await store(batcher, params(7))
     _, results = await store_all(batcher, dsn, params(0), [params(1), params(7), params(2)])
-    assert results[1] == Stored(None, 0)
+    assert results[1] == (None, 0)
     assert stored[0] is not None and results[0][0] is not None and results[2][0] is not None
 
 
@@ -170,7 +175,7 @@ async def test_a_cancelled_request_leaves_the_queue_and_is_not_stored(db: Any, d
         with trio.CancelScope() as scope:
             if scope_box is not None:
                 scope_box.append(scope)
-            results[n] = await batcher.deliver(params(n))
+            results[n] = await store(batcher, params(n))
 
     box: list[trio.CancelScope] = []
     async with trio.open_nursery() as nursery, events_locked(dsn):
@@ -186,7 +191,7 @@ async def test_a_cancelled_request_leaves_the_queue_and_is_not_stored(db: Any, d
     assert set(results) == {0, 2}
     assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
     # and the batcher is idle again, not waiting for a leader that is gone
-    assert (await batcher.deliver(params(3)))[0] is not None
+    assert (await store(batcher, params(3)))[0] is not None
 
 
 async def test_deliveries_arriving_together_go_in_one_hop_with_the_first(db: Any) -> None:
@@ -219,7 +224,7 @@ async def test_a_leader_cancelled_while_it_gathers_is_not_stored_and_the_next_le
     async def first() -> None:
         with trio.CancelScope() as scope:
             leader.append(scope)
-            results[1] = await batcher.deliver(params(1))
+            results[1] = await store(batcher, params(1))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(spin)
@@ -233,7 +238,7 @@ async def test_a_leader_cancelled_while_it_gathers_is_not_stored_and_the_next_le
     assert set(results) == {2} and results[2][0] is not None
     assert batcher.hops_run == 1
     assert await db.fetch_val("select count(*) from events where dedup_key = 'k1'") == 0
-    assert (await batcher.deliver(params(3)))[0] is not None  # idle again, no leader missing
+    assert (await store(batcher, params(3)))[0] is not None  # idle again, no leader missing
 
 
 async def waiting_on_events_lock(db: Any, n: int) -> None:
@@ -253,7 +258,7 @@ async def test_a_leader_cancelled_mid_hop_still_stores_and_answers_its_batch(db:
         with trio.CancelScope() as scope:
             if n == 1:
                 leader_scope.append(scope)
-            results[n] = await batcher.deliver(params(n))
+            results[n] = await store(batcher, params(n))
 
     second_lock = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn))
 
@@ -472,7 +477,7 @@ async def test_a_sender_that_disconnects_before_its_delivery_reaches_the_databas
 
 
 async def outcome(results: dict[int, Any], n: int, call: Awaitable[Any]) -> None:
-    """``results[n]``: what ``call`` (a ``deliver``) returned, or the SenderGone / DatabaseUnavailable it raised."""
+    """``results[n]``: what ``call`` (a ``store``) returned, or the SenderGone / DatabaseUnavailable it raised."""
     try:
         results[n] = await call
     except (SenderGone, DatabaseUnavailable) as exc:
@@ -497,7 +502,7 @@ async def test_a_sender_that_leaves_while_its_delivery_waits_is_withdrawn_at_its
     results: dict[int, Any] = {}
 
     async def one(n: int) -> None:
-        await outcome(results, n, batcher.deliver(params(n), left=lambda: n in gone))
+        await outcome(results, n, store(batcher, params(n), left=lambda: n in gone))
 
     async with trio.open_nursery() as nursery, events_locked(dsn):
         await start_held(nursery, batcher, one, 0)
@@ -517,7 +522,7 @@ async def test_a_sender_that_leaves_while_its_delivery_waits_is_withdrawn_at_its
         await wait_queued(batcher, 1)
         gone.add(5)
     assert isinstance(results[5], SenderGone) and batcher.hops_run == 3
-    assert (await batcher.deliver(params(6)))[0] is not None
+    assert (await store(batcher, params(6)))[0] is not None
 
 
 async def test_a_sender_waited_on_leaves_the_queue_at_once(db: Any, dsn: str) -> None:
@@ -528,7 +533,7 @@ async def test_a_sender_waited_on_leaves_the_queue_at_once(db: Any, dsn: str) ->
     results: dict[int, Any] = {}
 
     async def one(n: int, gone: Any = None) -> None:
-        await outcome(results, n, batcher.deliver(params(n), gone=gone))
+        await outcome(results, n, store(batcher, params(n), gone=gone))
 
     async with trio.open_nursery() as nursery, events_locked(dsn):
         await start_held(nursery, batcher, one, 0)
@@ -550,7 +555,7 @@ async def test_a_departed_sender_at_its_deadline_is_withdrawn_without_a_503(db: 
     results: dict[int, Any] = {}
 
     async def one(n: int, deadline: float, departed: bool) -> None:
-        await outcome(results, n, batcher.deliver(params(n), deadline, left=lambda: departed))
+        await outcome(results, n, store(batcher, params(n), deadline, left=lambda: departed))
 
     async with trio.open_nursery() as nursery, events_locked(dsn):
         await start_held(nursery, batcher, one, 0, math.inf, False)
@@ -615,7 +620,7 @@ async def test_a_hop_cancelled_at_its_deadline_that_had_committed_answers_with_w
     async with pg_proxy(dsn) as proxy, open_database(proxy.dsn, min_size=2, max_size=4, pool_timeout=1.0) as db:
         batcher = StoreBatcher(db)
         proxy.hold_after_commit(b"insert into events", held)
-        outcome = await batcher.deliver(params(1), trio.current_time() + FATE_SECONDS + 1.0)
+        outcome = await store(batcher, params(1), trio.current_time() + FATE_SECONDS + 1.0)
         if held < 1.0 + CANCEL_SECONDS:
             assert proxy.holds == 1  # forwarded: the connection closes at 2 s at the earliest
         rows = await db.fetch_all("select id, body from events")
