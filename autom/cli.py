@@ -175,6 +175,8 @@ def _shown_plainly(rows: Any, as_json: bool, none: str | None = None) -> bool:
     return False
 
 
+# The listing commands (failed, job, audit, jobs) share one shape on purpose: fetch, then
+# _shown_plainly (--json, or nothing to show), then a table of their own columns.
 def cmd_failed(args: argparse.Namespace) -> int:
     """``autom failed``: the latest failed jobs (stored text with its control characters escaped)."""
     from autom.ops import visible

@@ -336,7 +336,7 @@ class Operations:
         """One job with its ``attempt_log``; ``NotFound`` if there is none with that id.
 
         The log has one entry per attempt: the ones that did not end done come from
-        ``job_attempts`` (written by a trigger, migrations/0008); the attempt running
+        ``job_attempts`` (written by a trigger on ``jobs``); the attempt running
         now, or the one that ended done, from the job row itself.
         """
         row = await self.db.fetch_one(Q.ops_get_job, {"id": job_id})

@@ -1,24 +1,12 @@
 """The Telegram Bot API client: messages to chats, alerts to the operators' chat.
 
-``open_telegram(settings)`` owns an ``httpx.AsyncClient`` and yields a
-``TelegramClient``. Every call is bounded twice: ``httpx.Timeout`` per socket
-operation, and ``trio.fail_after(HTTP_TIMEOUT_SECONDS)`` around the whole
-request, because httpx's timeouts are per operation (a body trickled slowly
-passes them: measured, a body trickled over 3 s passed ``Timeout(1.0)``).
-
-Outcomes map onto autom's error tree through ``autom.checks``: 429 → ``Retry``
-(Telegram's ``retry_after``), a 403 saying the chat blocked the bot → ``ChatBlocked``
-(the job ends cancelled), other 4xx and ``{"ok": false}`` → ``PermanentError``,
-5xx / network / timeout → ``TransientError``. ``for_job`` binds a client to one claim
-of a job: a split text's parts are then recorded as sent, and resumed (README, Telegram).
-
-The bot token is part of every request URL, so it must never leave this module
-in a message: httpx exceptions (which carry the URL) are translated and not
-chained, and a filter on the ``httpx`` logger redacts its "HTTP Request: POST
-https://…/bot<token>/…" lines.
-
-``alert`` never raises. This module is the Bot API client and nothing else:
-job-failure alerts (the outbox, their throttle and texts) are ``autom.alerts``'.
+``open_telegram(settings)`` owns an ``httpx.AsyncClient`` and yields a ``TelegramClient``
+(``send_message``, ``edit_message``, ``answer_callback``, ``alert``; ``for_job`` binds it to
+one claim, so a split text's parts are recorded as sent and resumed). Outcomes map onto
+the error tree through ``autom.checks`` (429 ``Retry``, a blocked chat ``ChatBlocked``,
+other 4xx ``PermanentError``, the rest ``TransientError``). Invariants: every call is
+bounded in total by HTTP_TIMEOUT_SECONDS; the bot token never leaves this module in a
+message or a log line; ``alert`` never raises. Why: docs/design/telegram.md.
 """
 
 from __future__ import annotations

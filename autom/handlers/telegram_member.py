@@ -1,6 +1,6 @@
 """``telegram.member``: the bot's status in a chat changed (a ``my_chat_member`` update); logged.
 
-Storing the update already set or cleared the chat's blocked mark (migrations/0020:
+Storing the update already set or cleared the chat's blocked mark (the intake's statement:
 "kicked" marks it, "left" leaves it, any other status clears it); this handler only
 says so in the log. Register your own handler for the kind to act on it (forget a
 chat's subscriptions, say). Rerun-safe: it writes nothing.
