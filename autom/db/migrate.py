@@ -1,27 +1,10 @@
 """Forward-only migrations: numbered SQL files in ``migrations/`` (``autom.migrations`` in the wheel).
 
-All pending files are applied in one transaction under a transaction-scoped
-advisory lock, so replicas starting together are safe: the second runner waits
-for the first to commit, then finds nothing left to do.
-
-Numbers need not be contiguous: "pending" is every shipped number not recorded in
-``schema_migrations``, so a gap (0004 shipped before 0003) is fine, and a number
-that ships later than a higher one is applied when it arrives. Migrations that may
-land in either order must not depend on each other.
-
-Migrations run without the connection's statement timeout (``set local
-statement_timeout = 0``): an index build on a large table may take longer than
-the 30 s backstop, and a runner that waits for another runner's lock must wait
-as long as that one takes. It says so in one log line.
-
-Each applied migration's SHA-256 is recorded. A shipped file whose text no
-longer matches what was applied stops the runner (``MigrationChanged``, one line
-naming the file): migrations are never edited once applied; a change is a new
-number. Rows applied before checksums were recorded take the shipped file's.
-
-The user's own migrations (``App(migrations=DIR)``) are numbered apart, applied
-after autom's in the same transaction under the same lock, recorded in
-``user_migrations`` and checksummed the same way.
+Every pending number (shipped, not in ``schema_migrations``; gaps allowed) is applied in one
+transaction under an advisory lock, without a statement timeout; then the user's own
+(``App(migrations=DIR)``, recorded in ``user_migrations``). Each file's SHA-256 is recorded:
+an applied file whose text changed stops the runner (``MigrationChanged``).
+Why each rule: docs/design/db.md, "Migrations".
 """
 
 from __future__ import annotations
