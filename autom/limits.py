@@ -1,16 +1,12 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0031).
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030).
 
-Telegram allows about one message a second per chat, twenty a minute per group and
-about thirty a second per bot, and answers more with 429 and a ``retry_after``.
-``SendLimiter`` keeps the state in the database: per chat the earliest time of its
-next message (TELEGRAM_CHAT_RATE a second, groups also ``GROUP_PER_MINUTE`` a minute),
-and one GCRA budget of TELEGRAM_GLOBAL_RATE a second for the bot (its last burst slot
-kept for alerts). ``acquire`` takes the right to send now, or reserves the job's next
-slot and raises ``Defer`` to exactly it, so the job's next run sends without another
-wait; ``pushed`` records a 429 (that chat waits; all sends wait only when most recent sends
-were refused, Telegram limiting the bot itself). Waits are
-counted (``autom_telegram_waits_total``) and logged at most once a minute per reason.
-Long texts are split (``split_text``); ``block`` marks a chat that blocked the bot.
+``SendLimiter`` keeps per chat the earliest time of its next message (TELEGRAM_CHAT_RATE a
+second; groups also ``GROUP_PER_MINUTE`` a minute) and one GCRA budget of TELEGRAM_GLOBAL_RATE
+a second for the bot. ``acquire`` takes the right to send now, or reserves the job's next slot
+and raises ``Defer`` to exactly it; ``pushed`` records a 429 (that chat waits; every send
+waits only when most recent sends were refused). Waits are counted
+(``autom_telegram_waits_total``) and logged at most once a minute per reason. Long texts are
+split (``split_text``); ``block`` marks a chat that blocked the bot.
 """
 
 from __future__ import annotations
