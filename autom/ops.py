@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from autom import events
-from autom.db.bounded import fetch_all_bounded
+from autom.db.bounded import QUERY_CANCELED, fetch_all_bounded
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound, QueryError
@@ -62,7 +62,7 @@ _AGAIN = "try again in a moment"
 _QUERY_ERRORS = {
     "55P03": ("a row or table it needs is locked by another transaction (lock timeout)", _AGAIN),
     # the console's reads run with a short statement timeout: a filter that scans too much ends here
-    "57014": ("the query was cancelled (statement timeout)",
+    QUERY_CANCELED: ("the query was cancelled (statement timeout)",
               f"narrow the filter (a kind, a status, a time range) or {_AGAIN}"),
     "40001": ("it conflicted with another transaction", _AGAIN),
     "40P01": ("it conflicted with another transaction (deadlock)", _AGAIN),
