@@ -65,8 +65,8 @@ _decode_json = json.JSONDecoder().decode
 
 class _JsonbLoader(JsonbLoader):
     """jsonb (text) as ``json.loads`` reads it, without its encoding guess (UTF-16/32 BOMs):
-    PostgreSQL sends UTF-8. 0.55 against 1.25 µs for a payload of {}, which every claimed
-    job carries (bench/RESULTS.md, Speed round three)."""
+    PostgreSQL sends UTF-8: about half the cost for the ``{}`` payload every claimed job
+    carries (docs/design/db.md)."""
 
     def load(self, data: Buffer) -> Any:
         return _decode_json(str(data, "utf-8", "surrogatepass"))

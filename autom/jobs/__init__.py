@@ -1,1 +1,1 @@
-"""The job queue: models, the store (enqueue/claim/complete/fail/renew) and the retry policy."""
+"""The job queue: models, the one outcome type, the store (enqueue, claim, write outcomes, renew), the retry policy."""

@@ -11,7 +11,7 @@ DEFAULT_MAX_ATTEMPTS = 8
 
 
 def lease_generation(lease: int) -> int:
-    """The claim count a lease value carries (``autom_lease_generation``, migrations/0014):
+    """The claim count a lease value carries (as SQL's ``autom_lease_generation`` reads it):
     the high bits; the low 32 are random, so a lease value is never handed out twice."""
     return lease if lease < 1 << 32 else lease >> 32
 
@@ -51,7 +51,7 @@ class Job:
     ``lease`` is this claim's lease value: every write after the claim (its outcome,
     renewals, ``complete_in``, ``ctx.once``) matches it, so a worker whose lease ran out and
     whose job was claimed again changes nothing. No two claims of a job get the same
-    value (migrations/0014); ``generation`` is the claim count it carries.
+    value (``lease_generation``); ``generation`` is the claim count it carries.
     """
 
     id: int
