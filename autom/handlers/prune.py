@@ -1,17 +1,10 @@
 """``maintenance.prune``: retention, run hourly from the schedule (one replica per slot).
 
-Deletes, in small batches so no statement holds locks for long: done jobs older
-than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no unfinished
-(pending, running or failed) job references; lock rows of recipients with
-nothing queued; alerts sent more than RETAIN_DONE_DAYS ago (unsent ones wait to
-be sent); operator actions older than RETAIN_EVENTS_DAYS; Telegram send-limit
-rows of chats quiet for an hour (autom/limits.py);
-``ctx.once`` keys older than the longer of the two retentions (until then every
-job or event that could repeat the effect is still there to be retried or replayed).
-Failed jobs are kept until retried or deleted by hand. Jobs with
-a key are kept at least ``KEY_KEEP_SECONDS``, and each kind's newest schedule slot
-job however old, so a slot is never enqueued twice. Rerun-safe: deleting what is
-already gone deletes nothing.
+``handle`` deletes what the retention settings let go, in batches of ``BATCH`` so no
+statement holds locks for long, within ``BUDGET_SECONDS`` a run. Failed jobs stay
+until retried or deleted by hand; keyed jobs at least ``KEY_KEEP_SECONDS``, and each
+kind's newest schedule slot job however old, so a slot is never enqueued twice.
+Rerun-safe: deleting what is already gone deletes nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +44,17 @@ async def _prune(ctx: HandlerContext, query: str, params: dict[str, float]) -> i
 
 
 async def handle(ctx: HandlerContext, job: Job) -> None:
-    """Prune finished jobs, old events, idle recipient rows and sent alerts."""
+    """Prune, each kind of row in batches (``_prune``), and log how many went.
+
+    Done jobs older than RETAIN_DONE_DAYS; events older than RETAIN_EVENTS_DAYS that no
+    unfinished (pending, running or failed) job references; operator actions older than
+    RETAIN_EVENTS_DAYS; lock rows of recipients with nothing queued; alerts sent more than
+    RETAIN_DONE_DAYS ago (unsent ones wait to be sent); ``ctx.once`` keys older than the
+    longer of the two retentions (until then every job or event that could repeat the
+    effect is still there to be retried or replayed); the intake's commit records;
+    Telegram send-limit rows of chats quiet for an hour and reservations whose job never
+    came back (autom/limits.py).
+    """
     settings = ctx.settings
     jobs = await _prune(ctx, Q.prune_done_jobs, {
         "keep_seconds": settings.retain_done_days * 86400, "key_keep_seconds": KEY_KEEP_SECONDS,

@@ -1,34 +1,11 @@
-"""A Telegram Bot API stub for autom's tests and yours: a real HTTP server on 127.0.0.1 that records
-calls and answers as scripted.
+"""A Telegram Bot API stub for autom's tests and yours: a real HTTP server on 127.0.0.1.
 
-Two ways to use it:
-
-* in a trio test: ``async with running_stub() as stub:`` (or the ``telegram_stub``
-  fixture of ``tests/support/fixtures_telegram.py``), then point
-  ``TELEGRAM_API`` at ``stub.url``;
-* as a process for end-to-end tests:
-  ``python -m autom.testing.telegram_stub --port 0 --print-port`` prints the port
-  on its first stdout line and serves until SIGTERM/SIGINT; it is steered over
-  HTTP (below).
-
-It is a raw ASGI app on ``hypercorn.trio.serve`` (no Quart): less to start per
-test, and hypercorn's keep-alive timer works with it (the quart-trio one is
-broken: autom/web/serve.py, ``ShieldFinalSend``).
-
-Routes:
-
-* ``POST /bot{token}/{method}``: recorded (method, token, params, time), then
-  answered by the next planned ``Reply`` for (method, chat_id), else for method,
-  else 200 with a plausible result (sendMessage: a Message with increasing
-  ``message_id``; editMessageText: the edited Message; answerCallbackQuery: true,
-  and, as Telegram, 400 "query is too old ... or query ID is invalid" to a second
-  answer to one query).
-  Params are read from JSON, a form body or the query string.
-* ``POST /_stub/plan``: ``{"method": "sendMessage", "chat_id": 42 (optional),
-  "replies": [{"status": 502}, {"status": 429, "retry_after": 2}, {"hang": true}]}``.
-* ``GET /_stub/calls?method=&chat_id=&min=&timeout=``: ``{"calls": [...]}``;
-  with ``min`` it waits (up to ``timeout`` s, default 5) for that many matching calls.
-* ``POST /_stub/reset``: forget calls and plans.
+It records calls and answers as scripted (``TelegramStub``: its routes). In a trio test:
+``async with running_stub() as stub:`` (or the ``telegram_stub`` fixture of
+``tests/support/fixtures_telegram.py``), then point ``TELEGRAM_API`` at ``stub.url``. As a
+process for end-to-end tests: ``python -m autom.testing.telegram_stub --port 0 --print-port``
+prints the port on its first stdout line, serves until SIGTERM/SIGINT and is steered
+over HTTP (``/_stub/...``).
 """
 
 from __future__ import annotations
@@ -108,7 +85,25 @@ class Call:
 
 
 class TelegramStub:
-    """The stub's state and its ASGI app (``self`` is the app). ``url`` is set once it serves."""
+    """The stub's state and its ASGI app (``self`` is the app). ``url`` is set once it serves.
+
+    Routes:
+
+    * ``POST /bot{token}/{method}``: recorded (method, token, params, time), then
+      answered by the next planned ``Reply`` for (method, chat_id), else for method,
+      else 200 with a plausible result (sendMessage: a Message with increasing
+      ``message_id``; editMessageText: the edited Message; answerCallbackQuery: true,
+      and, as Telegram, 400 "query is too old ... or query ID is invalid" to a second
+      answer to one query). Params are read from JSON, a form body or the query string.
+    * ``POST /_stub/plan``: ``{"method": "sendMessage", "chat_id": 42 (optional),
+      "replies": [{"status": 502}, {"status": 429, "retry_after": 2}, {"hang": true}]}``.
+    * ``GET /_stub/calls?method=&chat_id=&min=&timeout=``: ``{"calls": [...]}``;
+      with ``min`` it waits (up to ``timeout`` s, default 5) for that many matching calls.
+    * ``POST /_stub/reset``: forget calls and plans.
+    """
+
+    # a raw ASGI app on hypercorn.trio.serve (no Quart): less to start per test, and
+    # hypercorn's keep-alive timer works with it (quart-trio's is broken: autom/web/serve.py)
 
     def __init__(self, *, token: str | None = None) -> None:
         #: if set, calls with another token get 401 Unauthorized, as from Telegram

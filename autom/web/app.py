@@ -1,14 +1,7 @@
 """``create_app(deps)``: the quart-trio application, assembled from blueprints.
 
-Every answer is JSON, except the console's HTML pages under ``/ui/``. Every
-error status, including Quart's own (404 for an unknown route, 405 for a wrong
-method, 413, 408, 500), is answered as
-``{"error": "<one line>"}``: a webhook sender or an operator's script never sees
-an HTML page, and a 500 never carries a traceback (the log does).
-
-Blueprints: ``health`` (``GET /health``), ``metrics`` (``GET /metrics``), and, unless
-the process runs as ROLE=worker, ``intake`` (``POST /hooks/<source>``), ``admin``
-(``/admin/...``), the OpenAPI description and the console (``/ui/``).
+Every answer is JSON (``{"error": "<one line>"}`` for every error status, Quart's own
+included), except the console's HTML pages under ``/ui/``.
 """
 
 from __future__ import annotations
@@ -42,7 +35,17 @@ RESPONSE_TIMEOUT_SECONDS = 10
 
 
 def create_app(deps: Deps) -> QuartTrio:
-    """The HTTP application of one process, bound to ``deps`` (no globals)."""
+    """The HTTP application of one process, bound to ``deps`` (no globals).
+
+    Blueprints: ``health`` (``GET /health``), ``metrics`` (``GET /metrics``), and, unless
+    the process runs as ROLE=worker, ``intake`` (``POST /hooks/<source>``, behind the
+    ``Door``), ``admin`` (``/admin/...``), the OpenAPI description and the console
+    (``/ui/``). Every error status, including Quart's own (404 for an unknown route, 405
+    for a wrong method, 413, 408, 500), is answered as ``{"error": "<one line>"}``: a
+    webhook sender or an operator's script never sees an HTML page, and a 500 never
+    carries a traceback (the log does). The console answers a 404/405 under ``/ui/``
+    with a page.
+    """
     app = QuartTrio("autom")
     app.config.update(
         MAX_CONTENT_LENGTH=deps.settings.max_body_bytes,

@@ -1,14 +1,7 @@
 """``GET /health``: is this process able to take webhooks, i.e. does the database answer.
 
 Load balancers and orchestrators poll it, so it answers within about a second
-whatever the database does: ``Database.ping`` is bounded by its own timeout, and
-a slightly longer trio deadline guards against a ping that would not honour it.
-
-200 ``{"status": "ok", ...}`` when the database answers; 200 ``{"status":
-"degraded", "alerts": {"problems": [...]}}`` when it answers but alerts do not get
-out (the last delivery failed, or alerts wait longer than a few minutes): the
-process works, so a balancer keeps it, but a person should look; 503 when the
-database does not answer.
+whatever the database does (``PING_TIMEOUT``, with a trio deadline as backstop).
 """
 
 from __future__ import annotations
@@ -40,7 +33,14 @@ def health_blueprint(deps: Deps) -> Blueprint:
 
     @bp.get("/health")
     async def health() -> Response:
-        """200 ok or degraded when the database answers, else 503 (module docstring)."""
+        """200 ``{"status": "ok", ...}`` when the database answers; 200 ``{"status": "degraded",
+        "alerts": {"problems": [...]}}`` when it answers but alerts do not get out (the last
+        delivery failed, or alerts wait longer than a few minutes): the process works, so a
+        balancer keeps it, but a person should look; 503 when the database does not answer.
+
+        ``Database.ping`` is bounded by its own timeout, and a slightly longer trio deadline
+        guards against a ping that would not honour it.
+        """
         ok = False
         alerts: AlertHealth | None = None
         with trio.move_on_after(_HARD_TIMEOUT):
