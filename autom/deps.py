@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from autom.app import Registry
     from autom.db.bridge import Database
-    from autom.events import HandOff
+    from autom.events.handoff import HandOff
     from autom.jobs.store import JobStore
     from autom.sources.base import Source
     from autom.telegram import TelegramClient

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from autom import events
 from autom.db.bounded import QUERY_CANCELED, fetch_all_bounded
 from autom.db.bridge import Database
 from autom.db.queries import Q
 from autom.errors import Conflict, NotFound, QueryError
-from autom.events import JobDefaults
+from autom.events.replay import JobDefaults, fetch_event, replay_event
 from autom.jobs import health
 from autom.jobs.store import JobStore
 from autom.sources import replay_sources
@@ -552,7 +551,7 @@ class Operations:
 
     async def get_event(self, event_id: int) -> dict:
         """One stored event with the ids of its jobs; ``NotFound`` if there is none."""
-        return job_json(await events.fetch_event(self.db, event_id))
+        return job_json(await fetch_event(self.db, event_id))
 
     async def list_events(
         self, *, source: str | None = None, since: datetime | None = None, until: datetime | None = None,
@@ -567,8 +566,8 @@ class Operations:
         return [job_json(r) for r in rows]
 
     async def replay_event(self, event_id: int, *, via: Via | None = None) -> list[int]:
-        """Parse a stored event again and create its jobs anew; the ids created (``events.replay_event``)."""
-        created = await events.replay_event(self.store, self.sources, event_id, defaults=self.defaults)
+        """Parse a stored event again and create its jobs anew; the ids created (``autom.events.replay_event``)."""
+        created = await replay_event(self.store, self.sources, event_id, defaults=self.defaults)
         if via is not None:
             await self.record_action(via, "replay", f"event:{event_id}", {"jobs": created})
         return created

@@ -166,7 +166,7 @@ async def run_service(
             if pool is not None and telegram.limiter is not None:
                 telegram.limiter.on_due = pool.due_in  # a chat's next job, moved to the chat's next slot
             if pool is not None and settings.role == "all":
-                deps.handoff = pool  # the intake hands a lone delivery's job to it (autom/events.py)
+                deps.handoff = pool  # the intake hands a lone delivery's job to it (autom/events/handoff.py)
             alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
                 if alerts is not None:

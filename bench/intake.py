@@ -438,7 +438,7 @@ def hop(args: argparse.Namespace) -> int:
     two statements, COMMIT: four round trips). ``statement`` is one ``intake_store``
     statement (a delivery that found no hop in flight). ``batch of 8 / 16`` is the
     group commit: one ``intake_store_many`` statement storing that many deliveries in
-    one hop and one transaction (StoreBatcher, autom/events.py).
+    one hop and one transaction (StoreBatcher, autom/events/batcher.py).
     """
     import itertools
 

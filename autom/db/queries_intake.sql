@@ -1,4 +1,4 @@
--- The intake's queries (autom/events.py): storing webhook deliveries.
+-- The intake's queries (autom/events/): storing webhook deliveries.
 
 -- name: intake_store
 -- Store one verified delivery and its jobs in ONE statement (one round trip, and
@@ -37,7 +37,7 @@ select g.go, g.at, st.id, st.jobs from g left join st on true;
 -- intake_store, but when the delivery made one job that could be claimed now (its
 -- recipient free and its line empty, nothing else due: migrations/0012) the job is
 -- stored claimed by this process (lease %(lease_seconds)s), and its fields come back
--- for the worker pool (StoreBatcher's hand-off, autom/events.py). One row: go and at
+-- for the worker pool (StoreBatcher's hand-off, autom/events/handoff.py). One row: go and at
 -- (intake_store's cut-off), the event's id (NULL for a redelivery), the jobs made,
 -- the handed-off job's fields or NULLs. "offset 0" keeps the cut-off a one-time
 -- filter: the function is not called at all when go is false.

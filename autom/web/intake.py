@@ -25,7 +25,8 @@ from autom.admission import Admission
 from autom.checks import one_line
 from autom.deps import Deps
 from autom.errors import DatabaseUnavailable, QueryError, VerificationError
-from autom.events import Gone, Left, SenderGone, StoreBatcher, encode_delivery
+from autom.events.batcher import Gone, Left, SenderGone, StoreBatcher
+from autom.events.encode import encode_delivery
 from autom.jobs.models import NewJob
 from autom.sources import SECRET_SETTINGS
 from autom.sources.base import Headers, ParseError, Source

@@ -1,4 +1,4 @@
-"""The intake's group commit (``StoreBatcher``, autom/events.py; migrations/0005).
+"""The intake's group commit (``StoreBatcher``, autom/events/batcher.py; migrations/0005).
 
 Deliveries that arrive while a hop is in flight are stored together by the next
 one, in one transaction. These tests hold a hop in flight for as long as they

@@ -1,4 +1,4 @@
-"""The intake's hand-off (``StoreBatcher`` with a ``HandOff``, autom/events.py; migrations/0012).
+"""The intake's hand-off (``StoreBatcher`` with a ``HandOff``, autom/events/; migrations/0012).
 
 When the worker pool of the intake's process is idle, a lone delivery's job is stored
 already claimed by that process, in the delivery's own transaction, and given to the

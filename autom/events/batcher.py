@@ -1,41 +1,31 @@
-"""The event store: storing webhook deliveries (group commit, hand-off), fetching and replaying an event.
+"""``StoreBatcher``: group commit of webhook deliveries, each answered by its deadline.
 
-``StoreBatcher.deliver`` stores one delivery (the event, its jobs, their recipients'
-rows) in one statement, batched with the deliveries that arrive meanwhile, and
-answers each by its deadline; with a ``HandOff`` a lone delivery's job is stored
-claimed and given to this process's idle workers. ``store_params`` /
-``encode_delivery`` build a delivery, ``fetch_event`` and ``replay_event`` serve the
-operator. Invariant: a delivery's answer says what was committed (202) or that
-nothing was, or may be, stored (503). How and why: docs/design/intake.md.
+``deliver`` stores one delivery (the event, its jobs, their recipients' rows) in one
+statement, batched with the deliveries that arrive meanwhile; with a ``HandOff`` a lone
+delivery's job is stored claimed and given to this process's idle workers. Invariant:
+a delivery's answer says what was committed (``Stored``, a 202) or that nothing was, or
+may be, stored (``DatabaseUnavailable``, a 503). How and why: docs/design/intake.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import math
-import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple
 
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from autom.checks import one_line
-from autom.db.bridge import Database, Row
+from autom.db.bridge import Database
 from autom.db.native import stop_by
 from autom.db.queries import Q
-from autom.errors import Conflict, DatabaseUnavailable, NotFound
-from autom.jobs.models import Job, NewJob
-from autom.jobs.store import JobStore, jobs_json
-from autom.sources.base import ParseError, Source
-
-#: fills in what a producer left open in new jobs (``Registry.with_defaults``: each kind's max_attempts)
-JobDefaults = Callable[[list[NewJob]], list[NewJob]]
+from autom.errors import DatabaseUnavailable
+from autom.events.commits import committed
+from autom.events.encode import batch_items, delivery_size
+from autom.events.handoff import HandOff, hand, handed_job
 
 # the intake's logger: these lines are about deliveries, and operators already filter on it
 log = logging.getLogger("autom.intake")
@@ -46,8 +36,6 @@ MAX_BATCH = 64
 #: Most bytes of encoded deliveries in one hop (at least one delivery, however large): 64
 #: bodies of 1 MiB made one parameter of 105 MB that the database had to parse at once.
 MAX_BATCH_BYTES = 4 * 1024 * 1024
-#: Bodies longer than this (characters) are encoded in a worker thread (``encode_delivery``).
-ENCODE_IN_THREAD_CHARS = 64 * 1024
 #: Longest a hop's leader waits for the event loop to have nothing else to do before it
 #: starts the hop (``StoreBatcher``): the deliveries the loop is working on then join it.
 GATHER_SECONDS = 0.002
@@ -88,28 +76,6 @@ class SenderGone(Exception):
     def __init__(self, sent: bool) -> None:
         super().__init__("the sender disconnected before its answer")
         self.sent = sent
-
-
-class HandOff(Protocol):
-    """Where a lone delivery's job goes when the intake stores it claimed (the worker pool of
-    its own process, ``WorkerPool``; see the module docstring)."""
-
-    #: the lease a claim of this process takes
-    lease_seconds: float
-
-    def ready(self) -> bool:
-        """Whether the pool would take a job now: it runs, is not stopping, has a free runner
-        and no claimed job waits for one."""
-        ...
-
-    def take(self, job: Job, sent_at: float) -> bool:
-        """Hold ``job``, claimed by a statement sent at ``sent_at`` (trio clock), and run it as
-        any claim; False when the pool no longer takes jobs (then the caller gives it back)."""
-        ...
-
-    async def give_back(self, job: Job) -> None:
-        """Put ``job`` (claimed, not started) back to pending at once, its attempt not counted."""
-        ...
 
 
 class Stored(NamedTuple):
@@ -320,7 +286,7 @@ class StoreBatcher:
                 delivery.wake()
                 passed += 1
                 continue
-            size += _size(delivery.params)
+            size += delivery_size(delivery.params)
             if batch and size > self._max_bytes:
                 break  # the rest goes in the next hop
             batch.append(delivery)
@@ -377,11 +343,11 @@ class StoreBatcher:
         """After a hop was cut off: the outcomes it committed, else DatabaseUnavailable (by ``by``).
 
         The hop's statement may have committed before the cancel reached the server;
-        its commit record tells (``_committed``), so a stored delivery gets its 202 (and a
+        its commit record tells (``committed``), so a stored delivery gets its 202 (and a
         job it handed off, its statement sent at ``sent``, goes to the pool all the same).
         """
         with trio.CancelScope(shield=True):  # its leader's sender may have left meanwhile
-            stored = await self._committed(token, by)
+            stored = await committed(self._db, token, by)
             if stored is None:
                 raise DatabaseUnavailable(UNANSWERED)
             outcomes = [await self._recorded(record, sent, by) for record in stored]
@@ -402,8 +368,8 @@ class StoreBatcher:
             with contextlib.suppress(DatabaseUnavailable):
                 row = await self._db.fetch_one(Q.get_job, {"id": int(handed[0])})
                 if row is not None and row["lease"] == handed[1] and row["status"] == "running":
-                    job = _handed_job(row)
-            count = await self._hand(self._handoff, job, sent)
+                    job = handed_job(row)
+            count = await hand(self._handoff, job, sent)
         return Stored(int(event_id), int(jobs), count)
 
     async def _hop(self, batch: list[_Delivery], token: str, cut_off: float, by: float) -> None:
@@ -426,7 +392,7 @@ class StoreBatcher:
             rows = await self._db.fetch_all(Q.intake_store_many, {
                 "items": batch_items(d.params for d in batch), "token": token, "until": until}, prepare=True)
         except DatabaseUnavailable as exc:
-            stored = await self._committed(token, by) if exc.maybe_applied else None
+            stored = await committed(self._db, token, by) if exc.maybe_applied else None
             if stored is None:
                 for delivery in batch:  # nothing of the batch was stored: 503 for each
                     delivery.error = DatabaseUnavailable(str(exc))
@@ -467,7 +433,7 @@ class StoreBatcher:
     async def _dropped(self, exc: DatabaseUnavailable, token: str, by: float, sent: float = 0.0) -> Stored:
         """A lone delivery's statement failed with ``exc``: if it may have committed, what its
         commit record (``token``) tells by ``by`` (``_recorded``, a job it handed off included), else ``exc``."""
-        stored = await self._committed(token, by) if exc.maybe_applied else None
+        stored = await committed(self._db, token, by) if exc.maybe_applied else None
         if stored is None:
             raise exc
         return await self._recorded(stored[0], sent, by)
@@ -475,7 +441,7 @@ class StoreBatcher:
     async def _store_handing_off(self, params: dict[str, Any], handoff: HandOff, until: float | None,
                                  by: float) -> Stored:
         """One delivery by itself, its job stored claimed and handed to ``handoff`` when it can
-        be (``intake_store_handoff``; module docstring); bounded and settled as ``_store_one``."""
+        be (``intake_store_handoff``; docs/design/intake.md); bounded and settled as ``_store_one``."""
         sent = trio.current_time()  # the lease is counted from before the statement is sent
         try:
             row = await self._db.fetch_one(Q.intake_store_handoff, {
@@ -488,49 +454,8 @@ class StoreBatcher:
             raise DatabaseUnavailable(TOO_LATE)
         if row["event_id"] is None:
             return Stored(None, 0)
-        job = _handed_job(row, handoff.lease_seconds) if row["id"] is not None else None
-        return Stored(int(row["event_id"]), int(row["jobs_created"]), await self._hand(handoff, job, sent))
-
-    @staticmethod
-    async def _hand(handoff: HandOff, job: Job | None, sent: float) -> int:
-        """Give ``job`` (claimed by a statement sent at ``sent``) to the pool; 1 if it took it."""
-        if job is None:
-            return 0
-        if handoff.take(job, sent):
-            return 1
-        try:
-            await handoff.give_back(job)  # the pool stopped meanwhile: pending again at once
-        except Exception as exc:  # its lease runs out, and the workers claim it again
-            log.warning("could not give back job %d, which the stopping worker pool did not take: %s",
-                        job.id, exc)
-        return 0
-
-    async def _committed(self, token: str, by: float) -> list[list[Any]] | None:
-        """After a hop was cut off or its connection dropped: what it stored if it committed, else None.
-
-        The statement may have committed before the connection went (then a 503 would
-        make senders without an event id deliver again: a duplicate). Inserting the
-        hop's token decides it (the intake_commits table): that insert waits
-        for the hop's transaction if the server still runs it, wins if the hop did not
-        commit (which it then never can), and finds the hop's record if it did. None
-        also when the database cannot be asked by ``by`` (trio time): then nobody
-        knows until it answers again, and a 503 is the lesser harm (module docstring).
-        """
-        with trio.move_on_at(by):
-            while True:
-                try:
-                    if await self._db.fetch_one(Q.intake_commit_burn, {"token": token}) is not None:
-                        return None
-                    row = await self._db.fetch_one(Q.intake_commit_results, {"token": token})
-                except DatabaseUnavailable:
-                    await trio.sleep(0.2)
-                    continue
-                results = row["results"] if row is not None else None
-                if results is None:
-                    return None
-                log.info("a hop cut off (its connection, its deadline) had committed; answered from its commit record")
-                return list(results)
-        return None
+        job = handed_job(row, handoff.lease_seconds) if row["id"] is not None else None
+        return Stored(int(row["event_id"]), int(row["jobs_created"]), await hand(handoff, job, sent))
 
     def _learn(self, at: float) -> None:
         """A hop's answer carried the server's clock ``at`` (epoch seconds): the next cut-offs follow it."""
@@ -556,115 +481,3 @@ class StoreBatcher:
         self._queue.remove(delivery)
         if delivery.lead:
             self._hand_over()  # it was woken to lead, and never will
-
-
-def _handed_job(row: Row, lease_seconds: float | None = None) -> Job:
-    """The handed-off job of an ``intake_store_handoff`` (with the ``lease_seconds`` it was
-    claimed for) or a ``get_job`` row."""
-    received_at = row.get("received_at")
-    if received_at is None and lease_seconds is not None and row["event_id"] is not None:
-        # the hand-off stores the event (received_at = now()) and claims its job (locked_until =
-        # now() + the lease) in one transaction, where now() is one instant
-        received_at = row["locked_until"] - timedelta(seconds=lease_seconds)
-    return Job.from_row(row, id=int(row["id"]), received_at=received_at)
-
-
-def _size(params: Mapping[str, Any]) -> int:
-    """About how many bytes ``params`` adds to a batch's parameter."""
-    item = params.get("item")
-    return len(item) if item is not None else len(params["body"]) + len(params["jobs"]) + len(params["headers"])
-
-
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def batch_item(params: Mapping[str, Any]) -> str:
-    """One delivery's element of ``intake_store_many``'s array (the headers and jobs are JSON already)."""
-    return (f"[{_dumps(params['source'])},{params['headers']},{_dumps(params['body'])},"
-            f"{_dumps(params['dedup_key'])},{params['jobs']}]")
-
-
-def batch_items(batch: Iterable[Mapping[str, Any]]) -> str:
-    """The ``%(items)s`` of ``intake_store_many``: the deliveries' ``store_params`` as one JSON array.
-
-    Each element was encoded by ``store_params`` (``item``, off the trio thread for a
-    large body); only the joining happens here.
-    """
-    return "[" + ",".join(p.get("item") or batch_item(p) for p in batch) + "]"
-
-
-def store_params(
-    source: str, headers: Mapping[str, str], body: str, dedup_key: str | None, jobs: Sequence[NewJob]
-) -> dict[str, Any]:
-    """The parameters of the ``intake_store`` statement (queries_intake.sql).
-
-    Jobs travel as one JSON array (``jobs_json``, the queue's own encoding) rather
-    than one typed array per column: psycopg adapts one text parameter much faster
-    than six lists (docs/design/intake.md).
-    ``event_id`` is the new event's, set by the statement.
-    """
-    params = {
-        "token": uuid.uuid4().hex,  # the commit record's key, should the connection drop (_committed)
-        "source": source,
-        "headers": json.dumps(headers, ensure_ascii=False),
-        "body": body,
-        "dedup_key": dedup_key,
-        "jobs": jobs_json(jobs),
-        "until": None,  # the hop's cut-off on the server's clock (StoreBatcher sets it)
-    }
-    params["item"] = batch_item(params)  # its element of a batch (intake_store ignores it)
-    return params
-
-
-async def encode_delivery(
-    source: str, headers: Mapping[str, str], body: str, dedup_key: str | None, jobs: Sequence[NewJob]
-) -> dict[str, Any]:
-    """``store_params``, in a worker thread when the body is large.
-
-    JSON-encoding a 1 MiB body (and jobs that carry it) takes about 18 ms: on the trio
-    thread every other request and job would wait for it.
-    """
-    if len(body) <= ENCODE_IN_THREAD_CHARS:
-        return store_params(source, headers, body, dedup_key, jobs)
-    return await trio.to_thread.run_sync(store_params, source, headers, body, dedup_key, jobs)
-
-
-
-
-async def fetch_event(db: Database, event_id: int) -> Row:
-    """One stored event (``ops_get_event``: its row and the ids of its jobs); ``NotFound`` if there is none."""
-    row = await db.fetch_one(Q.ops_get_event, {"id": event_id})
-    if row is None:
-        raise NotFound(f"no event with id {event_id}")
-    return row
-
-
-async def replay_event(store: JobStore, sources: Mapping[str, Source], event_id: int, *,
-                       defaults: JobDefaults | None = None) -> list[int]:
-    """Parse stored event ``event_id`` again with its source, create its jobs in ``store``; the ids created.
-
-    Always new jobs, linked to the same event, also when jobs of the event exist or
-    are done: a replay is an operator saying "run this again" (README, Operations). A
-    replayed job with a key gets the key plus ``:replay:<random>``, distinct from the
-    original (and from other replays) while still saying where it came from.
-    ``NotFound`` for an unknown id; ``Conflict`` when the event's source is not in
-    ``sources`` (a row written by something else, or by a newer version) or its body
-    still does not parse. ``defaults`` fills in what the source left open, as the
-    intake does (the kind's ``max_attempts`` from the App's handler).
-    """
-    event = await fetch_event(store.db, event_id)
-    source = sources.get(event["source"])
-    if source is None:
-        known = ", ".join(sorted(sources))
-        raise Conflict(f"event {event_id} came from source {one_line(str(event['source']), 80)!r}, "
-                       f"which autom does not know (known: {known})")
-    try:
-        parsed = source.parse(event["headers"] or {}, event["body"])
-    except ParseError as exc:
-        raise Conflict(f"event {event_id} does not parse: {exc}") from exc
-    tag = secrets.token_hex(6)
-    jobs = [
-        dataclasses.replace(job, event_id=event_id, key=None if job.key is None else f"{job.key}:replay:{tag}")
-        for job in parsed.jobs
-    ]
-    return await store.enqueue_many(jobs if defaults is None else defaults(jobs))
