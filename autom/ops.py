@@ -166,6 +166,8 @@ class JobFilter:
     """Which jobs a list is about; ``None`` = any. ``since``/``until`` bound created_at,
     ``failed_since`` finished_at (a list of failed jobs: "failed since")."""
 
+    # alike in shape with FailedFilter and Job's optional fields, not in meaning: each filter
+    # holds exactly the named parameters of its own queries (asdict is the parameters)
     status: str | None = None
     kind: str | None = None
     recipient: str | None = None

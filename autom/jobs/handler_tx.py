@@ -41,6 +41,7 @@ class HandlerTransaction:
     __slots__ = ("_db", "_patience", "_stack", "_tx")
 
     def __init__(self, db: Database, *, patience: float = 0.0) -> None:
+        # slots and plain assignments, like RunState's (context.py): alike in form only
         self._db = db
         #: how long the first statement is tried again while the database is unreachable
         #: (nothing is lost before it runs: a ``once`` block waits out an outage there)

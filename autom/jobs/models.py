@@ -54,6 +54,8 @@ class Job:
     value (``lease_generation``); ``generation`` is the claim count it carries.
     """
 
+    # NewJob's fields again, alike in shape: here a claimed row's columns, filled in (max_attempts
+    # resolved, the claim's lease), where an enqueue leaves them open
     id: int
     kind: str
     payload: dict[str, Any]

@@ -149,6 +149,7 @@ class Testbed:
 
     def __init__(self, *, settings: Settings, db: Database, registry: Registry, telegram: TelegramStub,
                  deps: Deps, nursery: trio.Nursery) -> None:
+        # a constructor's assignments, like every other one (what duplicates pairs it with)
         self.settings = settings
         self.db = db
         self.registry = registry
