@@ -1,7 +1,9 @@
 """Named SQL queries, loaded once from ``queries.sql`` (the one place runtime SQL lives).
 
-A query starts at a line ``-- name: <name>`` and runs to the next one; comment
-lines are kept (PostgreSQL ignores them). Use ``Q.claim`` or ``Q["claim"]``.
+A query starts at a line ``-- name: <name>`` and runs to the next one. Its first
+comment line is kept (what ``pg_stat_activity`` shows names the statement); its other
+comment lines are not sent (they are for the reader: a claim's text was three times
+its code, parsed by psycopg and PostgreSQL at every claim). Use ``Q.claim`` or ``Q["claim"]``.
 ``queries.sql`` holds the queue; ``queries_<room>.sql`` beside it hold the other
 rooms' queries (intake, admin, ...); names are unique across the files.
 """
@@ -21,7 +23,7 @@ class Queries:
         for name, body in zip(parts[1::2], parts[2::2], strict=True):
             if name in self._queries:
                 raise ValueError(f"query {name!r} is defined twice")
-            self._queries[name] = body.strip()
+            self._queries[name] = _code(body)
 
     def __getattr__(self, name: str) -> str:
         try:
@@ -35,6 +37,22 @@ class Queries:
     def names(self) -> list[str]:
         """Every query name, in file order."""
         return list(self._queries)
+
+
+def _code(body: str) -> str:
+    """A query's text as sent: its lines without the comment lines but the first (a comment
+    after code on the same line stays: ``--`` may sit in a string literal there)."""
+    kept: list[str] = []
+    named = False
+    for line in body.strip().splitlines():
+        if line.lstrip().startswith("--"):
+            if named:
+                continue
+            named = True
+        elif not line.strip():
+            continue
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def load(package: str = "autom.db") -> Queries:
