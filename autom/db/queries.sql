@@ -203,7 +203,7 @@ sync as (
 )
 -- received_at: when the job's event arrived (Job.received_at), a primary key probe of
 -- events per claimed job that has one (bench/RESULTS.md, Job.received_at)
-select c.*, (select e.received_at from events e where e.id = c.event_id) as received_at
+select c.*, case when c.event_id is not null then (select e.received_at from events e where e.id = c.event_id) end as received_at
 from claimed c, sync order by array_position((select ids from p), c.id);
 
 -- name: confirm_claims
