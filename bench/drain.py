@@ -467,6 +467,8 @@ def run_worker(dsn: str, args: argparse.Namespace, jobs: int, tag: str) -> dict[
         out = f"{args.py_spy.removesuffix('.txt')}-{tag}.{'txt' if raw else 'svg'}"
         cmd = ["py-spy", "record", "--rate", "250", "--threads", "--format", "raw" if raw else "flamegraph",
                "-o", out, "--", *cmd]
+    if getattr(args, "cprofile", None):  # PREFIX → PREFIX-<tag>.prof: deterministic call counts, whatever the load
+        cmd = [cmd[0], "-m", "cProfile", "-o", f"{args.cprofile}-{tag}.prof", *cmd[1:]]
     env = {**os.environ, "LOG_LEVEL": "warning"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout + 60)
     # the service's own warnings: "lease was lost" ones are counted, the rest shown
@@ -858,6 +860,9 @@ def main() -> int:
                         help="experiments: server options for the worker only, e.g. '-c synchronous_commit=off'")
     parser.add_argument("--py-spy", default=None,
                         help="profile each worker with py-spy: PREFIX-<run>.svg (collapsed stacks: PREFIX.txt)")
+    parser.add_argument("--cprofile", default=None,
+                        help="run each worker under cProfile: PREFIX-<run>.prof (call counts per job do not depend on "
+                             "the machine's load; times do)")
     parser.add_argument("--pool-kwargs", default=None,
                         help="experiments: more WorkerPool keyword arguments as JSON (for a patched copy of autom)")
     parser.add_argument("--phase", default=None, help="a label stored with each drain record")
