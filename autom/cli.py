@@ -150,6 +150,20 @@ def _error_column(error: str | None, room: int | None) -> str:
     return text if room is None or len(text) <= room else text[: room - 1] + "…"
 
 
+def _as_lines(head: str, text: Any) -> str:
+    """Stored text (an error, a traceback) as the lines it holds, each after ``head``'s width of indent.
+
+    Every line is shown as ``visible(one_line=True)`` shows it: a lone carriage return, an
+    escape sequence or a bidi override stays an escape (``\\r``, ``\\x1b``), never acts on the terminal.
+    """
+    from autom.ops import visible
+
+    lines = str(text).replace("\r\n", "\n").rstrip("\n").split("\n")
+    pad = " " * len(head)
+    return "\n".join((head if i == 0 else pad) + visible(line.expandtabs(4), one_line=True)
+                     for i, line in enumerate(lines))
+
+
 def _error_room(head_width: int) -> int | None:
     """How much of a line an error may take: the terminal's rest, or everything in a pipe or file."""
     if not sys.stdout.isatty():
@@ -202,14 +216,15 @@ def cmd_job(args: argparse.Namespace) -> int:
     if _shown_plainly(job, args.json):
         return 0
     for name in ("id", "kind", "status", "attempts", "max_attempts", "recipient", "event_id", "run_at",
-                 "created_at", "finished_at", "last_error"):
+                 "created_at", "finished_at"):
         print(f"{name + ':':<14}{visible(str(job.get(name)), one_line=True)}")
+    print(_as_lines(f"{'last_error:':<14}", job.get("last_error")))
     for a in job["attempt_log"]:
         print(f"\nattempt {a['attempt']}: {a['outcome']}  {_when(a, 'started')} .. {_when(a, 'ended')}")
         if a.get("error"):
-            print("  error: " + visible(str(a["error"]), one_line=True))
+            print(_as_lines("  error: ", a["error"]))
         if a.get("traceback"):
-            print("  " + visible(str(a["traceback"])).rstrip("\n").replace("\n", "\n  "))
+            print(_as_lines("  ", a["traceback"]))
         for line in a.get("log") or []:
             print("  log: " + visible(str(line), one_line=True))
     for act in job.get("actions") or []:

@@ -77,6 +77,31 @@ async def test_failed_shows_control_characters_of_stored_text_escaped(dsn, db, t
         assert r"site.\x1b[31mform" in shown
 
 
+async def test_job_shows_a_multi_line_error_as_lines_with_control_characters_escaped(dsn, db, tmp_path):
+    error = ("RuntimeError: the CRM said no\r\n  field email: invalid\n  field \x1b[2Jphone\r: \u202emissing\n"
+             "\tsee https://crm.example.com/errors/42\n")
+    job_id = await make_failed_job(db, error=error)
+    # the row as SQL (or an older version) may have left it: a lone carriage return too
+    await db.execute("update jobs set last_error = %s where id = %s", [error, job_id])
+    for shown in (
+        (await autom("job", str(job_id), env=env_for(dsn), cwd=tmp_path)).stdout,
+        await trio.to_thread.run_sync(lambda: run_on_a_terminal("job", str(job_id), env=env_for(dsn),
+                                                                cwd=tmp_path)),
+    ):
+        lines = shown.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("last_error:"))
+        assert lines[at:at + 4] == [
+            "last_error:   RuntimeError: the CRM said no",
+            "                field email: invalid",
+            r"                field \x1b[2Jphone\x0d: \u202emissing",
+            "                  see https://crm.example.com/errors/42",
+        ], shown
+        # the attempt's error (stored with its line ends made \n): its lines under its own heading
+        assert ("  error: RuntimeError: the CRM said no\n           field email: invalid\n"
+                "           field \\x1b[2Jphone\n         : \\u202emissing\n") in shown, shown
+        assert "\x1b" not in shown and "\u202e" not in shown and "\r" not in shown and r"\x0a" not in shown
+
+
 async def test_failed_lists_failed_jobs_readably_and_as_json(dsn, db, tmp_path):
     first = await make_failed_job(db)
     second = await make_failed_job(db, kind="telegram.message", error=TELEGRAM_400 + " " + "x" * 300)
