@@ -42,8 +42,8 @@ BULK_RETRY_CAP = 10_000
 BULK_RETRY_BATCH = 500
 #: longest a kind, recipient or source filter (or a paused kind) may be
 MAX_NAME = 200
-#: the most counts of the overview past their cap that are estimated (one EXPLAIN each)
-MAX_ESTIMATES = 40
+#: the most per-kind counts of a bulk retry's confirm page past their cap that are estimated (one EXPLAIN each)
+MAX_ESTIMATES = 20
 
 #: How many jobs a list (ops_list_jobs, ops_list_failed) matches: its own statement, counted
 #: with ``limit`` = the cap (the list's walk, stopped there) and, past it, estimated by the
@@ -257,13 +257,19 @@ class FailedFilter:
         """The filter as the named parameters of ``ops_failed_ids`` and ``ops_count_failed``."""
         return dataclasses.asdict(self)
 
+    def as_list(self) -> JobFilter:
+        """The Failed list these jobs are (the console's ``/ui/jobs?status=failed&...``)."""
+        return JobFilter(status="failed", kind=self.kind, recipient=self.recipient, event_id=self.event_id,
+                         since=self.created_since, until=self.created_until, failed_since=self.since)
+
 
 @dataclass(frozen=True)
 class FailedCount:
-    """What a bulk retry would take: ``total`` (capped) and how many of each kind, most first."""
+    """What a bulk retry would take: ``total`` and how many of each kind, most first, each
+    exact up to the cap and past it the planner's estimate ("about N"), as the lists say it."""
 
     total: Capped
-    by_kind: list[tuple[str, int]]
+    by_kind: list[tuple[str, Capped]]
 
 
 class Operations:
@@ -324,10 +330,13 @@ class Operations:
         params = {**filt.params(), "before": None, "before_at": None}
         rows = await fetch_all_bounded(self.db, _COUNT_OF[sql], {**params, "limit": cap}, seconds=statement_seconds)
         n = int(rows[0]["n"]) if rows else 0
-        if n < cap:
-            return Capped(n, cap)
-        plan = await self.db.fetch_val(_ESTIMATE_OF[sql], {**params, "limit": _NO_LIMIT})
-        return Capped(n, cap, _plan_rows(plan))
+        return Capped(n, cap, await self._estimate(filt) if n >= cap else None)
+
+    async def _estimate(self, filt: JobFilter) -> int | None:
+        """How many jobs the planner expects ``filt`` to match (EXPLAIN of its list: no row read)."""
+        sql = Q.ops_list_failed if filt.status == "failed" else Q.ops_list_jobs
+        params = {**filt.params(), "before": None, "before_at": None, "limit": _NO_LIMIT}
+        return _plan_rows(await self.db.fetch_val(_ESTIMATE_OF[sql], params))
 
     async def failed_jobs(self, limit: int = 20) -> list[dict]:
         """The latest failed jobs, most recent failure first."""
@@ -423,16 +432,30 @@ class Operations:
             await self.record_action(via, "reschedule", f"job:{job_id}", {"run_at": run_at.isoformat()})
         return job_json(row)
 
-    async def count_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
+    async def count_failed(self, filt: FailedFilter | None = None, *, cap: int,
                            statement_seconds: float | None = None) -> FailedCount:
-        """How many failed jobs ``retry_failed(filt)`` would take, per kind, counted up to ``cap`` in all."""
-        params = {**(filt or FailedFilter()).params(), "cap": cap}
+        """How many failed jobs ``retry_failed(filt)`` would match (it takes ``BULK_RETRY_CAP`` a round), per
+        kind: each exact up to ``cap``, past it the planner's estimate, as ``count_jobs`` says a list's."""
+        filt = filt or FailedFilter()
+        params = {**filt.params(), "cap": cap}
         if statement_seconds is None:
             rows = await self.db.fetch_all(Q.ops_count_failed, params)
         else:
             rows = await fetch_all_bounded(self.db, Q.ops_count_failed, params, seconds=statement_seconds)
-        by_kind = [(str(r["kind"]), int(r["n"])) for r in rows]
-        return FailedCount(Capped(sum(n for _, n in by_kind), cap), by_kind)
+        listed = filt.as_list()
+        by_kind: list[tuple[str, Capped]] = []
+        for row in rows:
+            n = int(row["n"])
+            # past the cap, the planner's estimate of this kind's share (the first MAX_ESTIMATES kinds)
+            estimate = (await self._estimate(dataclasses.replace(listed, kind=row["kind"]))
+                        if n >= cap and len(by_kind) < MAX_ESTIMATES else None)
+            by_kind.append((str(row["kind"]), Capped(n, cap, estimate)))
+        by_kind.sort(key=lambda kc: (-kc[1].value, kc[0]))  # most first, estimates included
+        n = sum(c.n for _, c in by_kind)
+        capped = any(c.capped for _, c in by_kind)
+        # the total as the list of these jobs says it: exact, else the planner's estimate of the whole filter
+        total = Capped(n, n, await self._estimate(listed)) if capped else Capped(n, n + 1)
+        return FailedCount(total, by_kind)
 
     async def retry_failed(self, filt: FailedFilter | None = None, *, cap: int = BULK_RETRY_CAP,
                            batch: int = BULK_RETRY_BATCH, via: Via | None = None) -> BulkRetry:
@@ -594,20 +617,14 @@ class Operations:
         }
 
     async def overview_counts(self, cap: int, statement_seconds: float) -> dict[str, dict[str, Capped]]:
-        """Jobs per kind and status, each count exact up to ``cap``, past it with the planner's estimate
-        (the console's overview; at most ``MAX_ESTIMATES`` of them, the rest "1,000+")."""
+        """Jobs per kind and status, each count exact up to ``cap``, past it with the planner's statistics'
+        estimate, read in the same statement (the console's overview): "1,000+" where they have none."""
         rows = await fetch_all_bounded(self.db, Q.ops_overview_counts, {"cap": cap}, seconds=statement_seconds)
         counts: dict[str, dict[str, Capped]] = {}
-        estimates = 0
         for row in rows:
-            n = int(row["n"])
-            estimate = None
-            if n >= cap and estimates < MAX_ESTIMATES:  # past the cap: the planner's estimate (EXPLAIN)
-                estimates += 1
-                params = {**JobFilter(kind=row["kind"], status=row["status"]).params(), "before": None,
-                          "limit": _NO_LIMIT}
-                estimate = _plan_rows(await self.db.fetch_val(_ESTIMATE_OF[Q.ops_list_jobs], params))
-            counts.setdefault(row["kind"], {})[row["status"]] = Capped(n, cap, estimate)
+            n, estimate = int(row["n"]), row["estimate"]
+            counts.setdefault(row["kind"], {})[row["status"]] = Capped(
+                n, cap, int(estimate) if n >= cap and estimate is not None else None)
         return counts
 
     async def throughput(self, minutes: int, statement_seconds: float) -> list[dict]:

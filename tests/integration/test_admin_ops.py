@@ -135,9 +135,9 @@ async def test_bulk_retry_works_in_capped_batches(db: Any) -> None:
 
     ids = [await insert_job(db, kind="a", status="failed", attempts=8) for _ in range(7)]
     ops = Operations(db)
-    assert str((await ops.count_failed(cap=5)).total) == "5+"
+    assert (await ops.count_failed(cap=5)).total.capped
     assert str((await ops.count_failed(cap=50)).total) == "7"
-    assert (await ops.count_failed(cap=50)).by_kind == [("a", 7)]
+    assert [(kind, str(n)) for kind, n in (await ops.count_failed(cap=50)).by_kind] == [("a", "7")]
     first = await ops.retry_failed(cap=5, batch=2)
     assert (first.retried, first.skipped, first.more) == (ids[:5], 0, True)
     rest = await ops.retry_failed(cap=5, batch=2)

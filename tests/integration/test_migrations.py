@@ -140,3 +140,17 @@ def test_a_changed_applied_migration_stops_the_runner_naming_it(empty_dsn):
     # the shipped files themselves match what was applied
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert apply_migrations_sync(conn) == []
+
+
+def test_the_kind_and_status_statistics_are_built_by_the_migration_on_a_table_with_jobs(empty_dsn):
+    shipped = available_migrations()
+    before = [m for m in shipped if m.version < 32]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            apply_pending(conn, before)
+        conn.execute("insert into jobs (kind, status) select 'k' || g % 3, 'done' from generate_series(1, 3000) g")
+        stats = "select most_common_vals is not null from pg_stats_ext where statistics_name = 'jobs_kind_status_mcv'"
+        assert conn.execute(stats).fetchall() == []  # declared by 0031, not built: no ANALYZE since
+        with conn.transaction():
+            assert 32 in [m.version for m in apply_pending(conn, shipped)]
+        assert conn.execute(stats).fetchall() == [(True,)]
