@@ -405,7 +405,7 @@ async def test_bulk_retry_from_a_filtered_failed_list_retries_exactly_those(
         await browser.type_into("recipient", "customer-17")
         await browser.press("Filter")
         assert sorted(int(x) for x in await browser.cells("table.jobs tbody td:first-child")) == sorted(hit)
-        await browser.follow("Retry every failed job", partial=True)
+        await browser.follow("Retry the failed jobs this list's filters match", partial=True)
         page = await browser.text()
         assert "3 failed job(s) match (kind crm.sync) (recipient customer-17)" in page, page
         assert await browser.cells("table.by-kind tbody tr") == ["crm.sync 3"]
@@ -416,6 +416,18 @@ async def test_bulk_retry_from_a_filtered_failed_list_retries_exactly_those(
         assert sorted(ran) == sorted(hit)
         rows = await db.fetch_all("select id, status, attempts from jobs where id = any(%s) order by id", [others])
         assert [(r["status"], r["attempts"]) for r in rows] == [("failed", 8)] * 3
+
+        # the rest, unfiltered, as Sidekiq's "Retry All": from the Failed list, through the same confirm page
+        await browser.follow("Failed")
+        await browser.follow("Retry every failed job…")
+        assert (await browser.path()) == "/ui/retry-failed"
+        page = await browser.text()
+        assert "3 failed job(s) match." in page, page
+        assert await browser.cells("table.by-kind tbody tr") == ["crm.sync 2", "mail.send 1"]
+        await browser.press("Retry")
+        await browser.wait_for_text("Retried 3, skipped 0")
+        await wait_until(lambda: db.fetch_val("select count(*) = 6 from jobs where status = 'done'"), timeout=15)
+        assert sorted(ran) == sorted(hit + others)
 
 
 async def test_cancel_a_running_job_from_its_page_stops_its_handler(

@@ -731,6 +731,64 @@ async def test_counts_past_the_cap_say_about_n_from_the_planners_estimate(app: R
         assert "3 job(s) match. Newest failure first." in exact and len(few) == 3
 
 
+async def test_the_bulk_retry_confirm_page_says_about_n_per_kind_past_the_cap_and_keeps_the_filters(
+    app: RunningApp, db: Any
+) -> None:
+    for kind, recipient, n in (("k.big", "r1", 1500), ("k.small", "r1", 3), ("k.big", "r2", 5)):
+        await db.execute("insert into jobs (kind, status, recipient, finished_at) "
+                         "select %s, 'failed', %s, now() from generate_series(1, %s)", [kind, recipient, n])
+    await db.execute("analyze jobs")  # what autovacuum does after such a change
+    async with logged_in(app) as (client, _):
+        confirm = (await client.get("/ui/retry-failed?recipient=r1&since=1h")).text
+        assert re.search(r"about 1,[45]\d\d failed job\(s\) match \(recipient r1\) \(since 1h\)", confirm), confirm
+        assert "10,000+" not in confirm and "1,000+" not in confirm
+        assert re.search(r'<tr><td>k.big</td><td class="num">about 1,[45]\d\d</td></tr>', confirm), confirm
+        assert '<tr><td>k.small</td><td class="num">3</td></tr>' in confirm
+        assert "PostgreSQL's estimate" in confirm
+        fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', confirm))
+        assert (fields["recipient"], fields["since"], fields["kind"]) == ("r1", "1h", "")
+        # under the cap: exact, and no word of estimates
+        exact = (await client.get("/ui/retry-failed?recipient=r2")).text
+        assert "5 failed job(s) match (recipient r2)" in exact and "estimate" not in exact
+        assert '<tr><td>k.big</td><td class="num">5</td></tr>' in exact
+
+
+async def test_an_unfiltered_bulk_retry_is_linked_from_the_failed_list_the_overview_and_a_recipient(
+    app: RunningApp, db: Any
+) -> None:
+    await insert_job(db, kind="k.a", status="failed", recipient="chat/1", finished_at="now()")
+    await insert_job(db, kind="k.b", status="failed", recipient="chat-2", finished_at="now()")
+    async with logged_in(app) as (client, _):
+        for path in ("/ui/jobs?status=failed", "/ui/jobs?status=failed&kind=k.a", "/ui/"):
+            page = (await client.get(path)).text
+            assert '<a class="action" href="/ui/retry-failed">Retry every failed job…</a>' in page, path
+        filtered = (await client.get("/ui/jobs?status=failed&kind=k.a")).text
+        assert 'href="/ui/retry-failed?kind=k.a">Retry the failed jobs this list' in filtered
+        unfiltered = (await client.get("/ui/jobs?status=failed")).text
+        assert "Retry the failed jobs this list" not in unfiltered  # the same page: one link
+        overview = (await client.get("/ui/")).text
+        assert 'href="/ui/retry-failed?kind=k.b">retry its failed jobs…</a>' in overview
+        story = (await client.get("/ui/recipients/chat%2F1")).text
+        link = re.search(r'href="(/ui/retry-failed\?[^"]+)">Retry its failed jobs…</a>', story)
+        assert link is not None and link.group(1) == "/ui/retry-failed?recipient=chat%2F1", story
+        confirm = (await client.get(link.group(1))).text
+        assert "1 failed job(s) match (recipient chat/1)" in confirm
+        every = (await client.get("/ui/retry-failed")).text
+        assert "2 failed job(s) match." in every and ">Retry</button>" in every
+        assert '<tr><td>k.a</td><td class="num">1</td></tr>' in every
+
+
+async def test_overview_counts_without_statistics_say_1000_plus_never_a_guess(app: RunningApp, db: Any) -> None:
+    await db.execute("insert into jobs (kind, status, finished_at) "
+                     "select 'k.big', 'failed', now() from generate_series(1, 1200)")
+    assert await db.fetch_val("select count(*) from pg_stats_ext where tablename = 'jobs' "
+                              "and most_common_vals is not null") == 0  # not analyzed since
+    async with logged_in(app) as (client, _):
+        overview = (await client.get("/ui/")).text
+        row = overview.split('href="/ui/jobs?kind=k.big"', 1)[1].split("</tr>", 1)[0]
+        assert ">1,000+<" in row and "about" not in row, row
+
+
 async def test_with_the_database_down_every_page_is_a_clear_503_page_and_comes_back() -> None:
     import trio
 

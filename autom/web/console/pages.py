@@ -145,12 +145,17 @@ _RETRY_KEEPS = {"kind": "kind", "recipient": "recipient", "event_id": "event_id"
                 "since": "created_since", "until": "created_until"}
 
 
+#: the bulk retry of every failed job (its confirm page), linked from the Failed list, the overview
+RETRY_EVERY = "/ui/retry-failed"
+
+
 def retry_all_link(args: Mapping[str, str], q: Mapping[str, Any]) -> str | None:
-    """The bulk-retry confirm page for exactly this list's filters, when it lists failed jobs."""
+    """The bulk-retry confirm page for exactly this list's filters, when it lists failed jobs
+    (``RETRY_EVERY`` when it is not filtered)."""
     if q["status"] != "failed":
         return None
     kept = {field: args[name] for name, field in _RETRY_KEEPS.items() if q[name] is not None and args.get(name)}
-    return "/ui/retry-failed" + (f"?{urlencode(kept)}" if kept else "")
+    return RETRY_EVERY + (f"?{urlencode(kept)}" if kept else "")
 
 
 def retry_echo(args: Mapping[str, str]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from autom.web.console.auth import COOKIE, SKEW_SECONDS, Session, Sessions, cros
 from autom.web.console.pages import (
     ACTION_WORDS,
     NOTICES,
+    RETRY_EVERY,
     RETRY_FILTER,
     SECURITY_HEADERS,
     echo,
@@ -244,7 +245,7 @@ class Console:
             table=present.count_table(counts) if counts is not None else None,
             chart=present.throughput_chart(rows, now) if rows is not None else None,
             health=health, paused=paused, paused_names={r["kind"] for r in paused or []}, failing=failing,
-            kinds=kinds or [],
+            kinds=kinds or [], retry_every=RETRY_EVERY,
             refresh=refresh, refresh_choices=REFRESH,
             lag=present.age(health["queue_lag_seconds"]) if health else "—",
             heartbeat_age=present.age((now - beat).total_seconds()) if beat else None,
@@ -274,7 +275,7 @@ class Console:
                                   statuses=JOB_STATUSES, next_page=next_page, limit=limit, total=total,
                                   first_page=query_string(request.args, before=None, before_at=None)
                                   if q["before"] else None,
-                                  retry_all=retry_all_link(request.args, q))
+                                  retry_all=retry_all_link(request.args, q), retry_every=RETRY_EVERY)
 
     async def job(self, job_id: str) -> Response:
         """``GET /ui/jobs/{id}``: everything about one job, with Retry / Cancel where allowed."""
@@ -368,11 +369,12 @@ class Console:
         return redirect(self._sealed(f"/ui/events/{ident}", "created", ",".join(map(str, created)) or "none"), 303)
 
     async def retry_failed_page(self) -> Response:
-        """``GET /ui/retry-failed?kind=&recipient=&since=...``: how many would be retried, per kind, and the button."""
+        """``GET /ui/retry-failed?kind=&recipient=&since=...``: how many would be retried, per kind (exact up
+        to ``COUNT_CAP``, then "about N" as the lists say it), and the button."""
         q = p.parse_query(request.args.items(multi=True), RETRY_FILTER)
-        count = await self._ops.count_failed(FailedFilter(**q), cap=BULK_RETRY_CAP, statement_seconds=QUERY_SECONDS)
+        count = await self._ops.count_failed(FailedFilter(**q), cap=COUNT_CAP, statement_seconds=QUERY_SECONDS)
         return await self._render("retry_failed.html", count=count, filters=retry_echo(request.args),
-                                  result=None, cap=BULK_RETRY_CAP)
+                                  result=None, cap=BULK_RETRY_CAP, count_cap=COUNT_CAP)
 
     async def retry_failed(self) -> Response:
         """``POST /ui/retry-failed`` (the confirm page's filters): retry them in batches; say how many."""
@@ -397,6 +399,7 @@ class Console:
         path = f"/ui/recipients/{quote(name, safe='')}"
         return await self._render(
             "recipient.html", r=story, path=path, action_words=ACTION_WORDS,
+            retry_its_failed=f"{RETRY_EVERY}?{urlencode({'recipient': name})}",
             notice=recipient_notice(self._told("notice", q["notice"], q["seal"])),
             next_page=query_string(request.args, before=str(story["next_before"]), notice=None, seal=None)
             if story["next_before"] else None,
