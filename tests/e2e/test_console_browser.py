@@ -11,8 +11,9 @@ with a cookie put back after logout).
 
 ``.ci/run`` installs Chromium and its driver when they are missing. Where no browser can
 be had these tests skip, saying why. With ``AUTOM_CONSOLE_SCREENSHOTS=<folder>`` the
-run also saves the README's screenshots (overview, a job, the events, an event, the failed
-list, the bulk retry's confirm page, a recipient, the audit trail) there.
+realistic run (``test_every_page_of_a_realistic_run``: an hour of history, the heartbeat,
+live traffic) saves the README's screenshots (overview, a job, the events, an event, the
+failed list, the bulk retry's confirm page, a recipient, the audit trail) there.
 
 Selenium is synchronous: its calls run in a worker thread (``Browser``) while the
 service runs in the test's trio nursery.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ import trio
 from autom.handlers import telegram_send
 from autom.jobs.models import NewJob
 from autom.jobs.store import JobStore
+from autom.schedule import DEFAULT_SCHEDULES, Schedule
 from tests.support.http_app import client_at
 from tests.support.queue import sleeping_handler
 from tests.support.service import (
@@ -172,11 +174,12 @@ class Browser:
 @asynccontextmanager
 async def console(
     drv: Any, dsn: str, telegram_stub: Any, handlers: Mapping[str, Any] | None = None,
+    schedules: Sequence[Schedule] = (),
 ) -> AsyncIterator[tuple[Browser, httpx.AsyncClient, Any]]:
-    """The whole service (with ``handlers`` instead of the built-in ones, when given), a browser
-    without cookies pointed at it, and an HTTP client for set-up."""
+    """The whole service (with ``handlers`` instead of the built-in ones, when given, and
+    ``schedules``), a browser without cookies pointed at it, and an HTTP client for set-up."""
     async with (
-        running_service(service_settings(dsn, telegram_stub.url), handlers=handlers) as svc,
+        running_service(service_settings(dsn, telegram_stub.url), handlers=handlers, schedules=schedules) as svc,
         httpx.AsyncClient(base_url=svc.urls[0], timeout=10.0) as client,
     ):
         browser = Browser(drv, svc.urls[0])
@@ -204,7 +207,6 @@ async def test_log_in_find_the_failed_job_retry_it_and_see_it_done(
 
         await browser.login()
         await browser.wait_for_text("1 failed", reload=True)
-        await browser.shot("console-overview.png")
         await browser.follow("Failed")
         assert (await browser.path()) == "/ui/jobs?status=failed"
         listing = await browser.text()
@@ -221,7 +223,6 @@ async def test_log_in_find_the_failed_job_retry_it_and_see_it_done(
         assert f"Job {job_id} done" in page
         assert "Retry" not in [b.text for b in await browser.do(lambda d: d.find_elements(By.TAG_NAME, "button"))]
         await browser.open(f"/ui/jobs/{job_id}")
-        await browser.shot("console-job.png")
         assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage", chat_id=9)] == ["pong", "pong"]
 
 
@@ -232,7 +233,6 @@ async def test_replay_an_event_from_its_page(driver: Any, dsn: str, db: Any, tel
         await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [first]))
         await browser.login()
         await browser.follow("Events")
-        await browser.shot("console-events.png")
         await browser.follow(str(event_id))
         page = await browser.text()
         assert '"update_id": 7' in page and "x-telegram-bot-api-secret-token" not in page
@@ -242,7 +242,6 @@ async def test_replay_an_event_from_its_page(driver: Any, dsn: str, db: Any, tel
         assert created != first
         await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [created]))
         await browser.do(lambda d: d.refresh())
-        await browser.shot("console-event.png")
         assert len(telegram_stub.calls_of("sendMessage", chat_id=11)) == 2
 
 
@@ -399,7 +398,6 @@ async def test_bulk_retry_from_a_filtered_failed_list_retries_exactly_those(
                   await failed_job(db, "crm.sync", "customer-42")]
         await browser.login()
         await browser.follow("Failed")
-        await browser.shot("console-failed.png")
         assert sorted(int(x) for x in await browser.cells("table.jobs tbody td:first-child")) == sorted(hit + others)
         await browser.type_into("kind", "crm.sync")
         await browser.type_into("recipient", "customer-17")
@@ -409,7 +407,6 @@ async def test_bulk_retry_from_a_filtered_failed_list_retries_exactly_those(
         page = await browser.text()
         assert "3 failed job(s) match (kind crm.sync) (recipient customer-17)" in page, page
         assert await browser.cells("table.by-kind tbody tr") == ["crm.sync 3"]
-        await browser.shot("console-retry-failed.png")
         await browser.press("Retry")
         await browser.wait_for_text("Retried 3, skipped 0")
         await wait_until(lambda: db.fetch_val("select count(*) = 3 from jobs where status = 'done'"), timeout=15)
@@ -479,7 +476,6 @@ async def test_a_recipients_timeline_after_a_delivery_with_two_jobs_and_a_retry(
         await browser.wait_for_text("Paused: its jobs stay pending")
         rows = await browser.do(lambda d: [[str(c.text) for c in r.find_elements(By.TAG_NAME, "td")]
                                            for r in d.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")])
-        await browser.shot("console-recipient.png")
 
         def where(job: int | None, what: str | None, detail: str) -> int:
             """The one row of the timeline (when, what, job, kind, detail) of ``job`` saying ``detail``."""
@@ -503,6 +499,106 @@ async def test_a_recipients_timeline_after_a_delivery_with_two_jobs_and_a_retry(
         assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage", chat_id=31)] == ["thanks", "thanks"]
         await browser.press("Resume")
         await browser.wait_for_text("Resumed: its jobs run again.")
+        await browser.follow("Audit")
+        assert "recipient_resume" in await browser.text()
+
+
+# An hour of a shop's traffic before the test's own: 900 jobs finished over the last 60 minutes (busier
+# towards now), 2 % of them failed for good with the errors such a service meets, a few waiting
+# for their retry; the recipients are Telegram chats. Bypasses the queue: only history is written.
+HISTORY = """
+insert into jobs (kind, payload, status, attempts, max_attempts, run_at, last_error, recipient,
+                  created_at, updated_at, finished_at, claimed_at)
+select k.kind, jsonb_build_object('chat_id', 1000 + g % 40, 'text', 'order #' || (4000 + g)),
+       s.status, case s.status when 'failed' then 8 when 'pending' then 2 else 1 end, 8,
+       case when s.status = 'pending' then now() + interval '40 seconds' else t.at end,
+       case when s.status <> 'done' then k.error end,
+       case when k.kind like 'telegram.%' then (1000 + g % 40)::text end,
+       t.at, t.at + interval '2 seconds',
+       case when s.status <> 'pending' then t.at + interval '2 seconds' end, t.at + interval '1 second'
+from generate_series(1, 900) g
+cross join lateral (select now() - make_interval(secs => 3600.0 * power(random(), 1.3) + 5 + g * 0) as at) t
+cross join lateral (select case when g % 47 = 7 then 'failed' when g % 151 = 11 then 'pending'
+                                else 'done' end as status) s
+cross join lateral (select (array['telegram.message', 'telegram.message', 'telegram.send', 'site.form',
+                                  'github.event'])[1 + g % 5] as kind) k0
+cross join lateral (select k0.kind, case k0.kind
+    when 'telegram.send' then 'PermanentError: telegram sendMessage: HTTP 403 Forbidden: bot was blocked by the user'
+    when 'site.form' then 'TransientError: crm.example.com: HTTP 503 Service Unavailable'
+    when 'github.event' then 'KeyError: ''titel'' (at shop_automations.py:41 in on_issue)'
+    else 'TransientError: telegram sendMessage: HTTP 502 Bad Gateway' end as error) k
+"""
+SITE_FORM = {"form": "contact", "name": "Ana Souza", "email": "ana@example.com",
+             "message": "Do you ship to Porto? I'd like two of the blue ones."}
+
+
+async def test_every_page_of_a_realistic_run(driver: Any, dsn: str, db: Any, telegram_stub: Any) -> None:
+    """The README's screenshots (``AUTOM_CONSOLE_SCREENSHOTS``): an hour of history, the heartbeat running,
+    live Telegram traffic with a chat that does not exist and an outage met by a retry, a site form."""
+    await db.execute(HISTORY)
+    await db.execute("insert into events (source, headers, body, received_at) values "
+                     "('site', '{\"content-type\": \"application/json\"}', %s, now() - interval '3 minutes')",
+                     [json.dumps(SITE_FORM)])
+    await db.execute("analyze jobs")  # as autovacuum would have after such an hour
+    telegram_stub.plan("sendMessage", [Reply(400, description="Bad Request: chat not found")], chat_id=9)
+    telegram_stub.plan("sendMessage", [Reply(500, description="Internal Server Error")], chat_id=31)
+    async with console(driver, dsn, telegram_stub, schedules=DEFAULT_SCHEDULES) as (browser, client, _):
+        events = {}
+        for update_id, chat in ((101, 5), (102, 6), (103, 31), (104, 9), (105, 7)):
+            posted = await post_telegram(client, telegram_update(update_id, chat, "/ping"))
+            assert posted.status_code == 202
+            events[chat] = posted.json()["id"]
+        failed = await job_of(client, events[9])
+        retried = await job_of(client, events[31])
+        await wait_until(lambda: db.fetch_val("select status = 'failed' from jobs where id = %s", [failed]), timeout=15)
+        await wait_until(lambda: db.fetch_val("select status = 'done' from jobs where id = %s", [retried]), timeout=15)
+        await wait_until(lambda: db.fetch_val("select count(*) = 1 from service_state where name = 'heartbeat'"),
+                         timeout=15)
+
+        await browser.login()
+        overview = await browser.text()
+        assert "Last heartbeat\nnever" not in overview and " ago" in overview, overview
+        assert "github.event" in overview and "Retry every failed job…" in overview
+        await browser.shot("console-overview.png")
+
+        await browser.follow("Failed")
+        assert "chat not found" in await browser.text()
+        await browser.shot("console-failed.png")
+        await browser.type_into("kind", "telegram.send")
+        await browser.press("Filter")
+        await browser.follow("Retry the failed jobs this list's filters match", partial=True)
+        assert "failed job(s) match (kind telegram.send)" in await browser.text()
+        await browser.follow("Failed")
+        await browser.follow("Retry every failed job…")
+        assert len(await browser.cells("table.by-kind tbody tr")) == 4  # the history's kinds
+        await browser.shot("console-retry-failed.png")
+
+        await browser.open(f"/ui/jobs/{failed}")
+        await browser.press("Retry")
+        await browser.wait_for_text(f"Job {failed} done", reload=True)
+        await browser.open(f"/ui/jobs/{failed}")
+        await browser.shot("console-job.png")
+
+        await browser.follow("Events")
+        assert "site" in await browser.text()
+        await browser.shot("console-events.png")
+        await browser.open(f"/ui/events/{events[31]}")
+        await browser.press("Replay")
+        await browser.wait_for_text("Replayed: created job(s)")
+        await wait_until(lambda: db.fetch_val(
+            "select count(*) = 2 from jobs where recipient = '31' and status = 'done'"), timeout=15)
+        await browser.do(lambda d: d.refresh())
+        await browser.shot("console-event.png")
+
+        await browser.open("/ui/recipients/31")
+        await browser.press("Pause")
+        await browser.wait_for_text("Paused: its jobs stay pending")
+        timeline = await browser.text()
+        assert "attempt 1: retry" in timeline and "Internal Server Error" in timeline, timeline
+        await browser.shot("console-recipient.png")
+        await browser.press("Resume")
+        await browser.wait_for_text("Resumed: its jobs run again.")
+
         await browser.follow("Audit")
         assert "recipient_resume" in await browser.text()
         await browser.shot("console-audit.png")
