@@ -1,12 +1,12 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030).
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030, 0032).
 
 ``SendLimiter`` keeps per chat the earliest time of its next message (TELEGRAM_CHAT_RATE a
-second; groups also ``GROUP_PER_MINUTE`` a minute) and one GCRA budget of TELEGRAM_GLOBAL_RATE
-a second for the bot. ``acquire`` takes the right to send now, or reserves the job's next slot
-and raises ``Defer`` to exactly it; ``pushed`` records a 429 (that chat waits; every send
-waits only when most recent sends were refused). Waits are counted
-(``autom_telegram_waits_total``) and logged at most once a minute per reason. Long texts are
-split (``split_text``); ``block`` marks a chat that blocked the bot.
+second; groups also ``GROUP_PER_MINUTE`` a minute), one GCRA budget of TELEGRAM_GLOBAL_RATE a
+second for the bot's slots and one for the sends it actually made. ``acquire`` takes the right
+to send now, or reserves the job's next slot and raises ``Defer`` to exactly it; ``pushed``
+records a 429 (that chat waits; every send waits only when most recent sends were refused).
+Waits are counted (``autom_telegram_waits_total``) and logged at most once a minute per
+reason. Long texts are split (``split_text``); ``block`` marks a chat that blocked the bot.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class SendLimiter:
         recipient line, when it is this chat, has its next job (of ``CHAT_KINDS``) moved
         to the chat's next slot, so that it is not claimed only to wait. A job that comes
         back after its slot, however late (its workers lagged), sends on it and takes no
-        new one (migrations/0030).
+        new one (migrations/0030) when the sends the bot actually made leave room for it
+        now; else (the workers are catching up) it takes the next slot (migrations/0032).
 
         ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
         bot's budget alone, as for answering button presses, which go to no chat).
@@ -225,7 +226,7 @@ class SendLimiter:
 
 _REASONS = {
     "chat": "the chat's spacing", "global": "the bot's budget", "pause": "a pause of all sends",
-    "held": "a reserved slot", "refused": "Telegram's 429",
+    "held": "a reserved slot", "refused": "Telegram's 429", "sends": "the bot's sends made (a catch-up)",
 }
 
 

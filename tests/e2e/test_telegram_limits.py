@@ -8,6 +8,7 @@ asserted (a slow machine spaces sends further apart, never closer).
 from __future__ import annotations
 
 import itertools
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,55 @@ async def test_one_chats_backlog_goes_out_at_its_rate_in_order_with_about_one_cl
     claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
     assert claims <= 1.25 * messages, claims
     assert await db.fetch_val("select count(*) from telegram_reservations") == 0
+
+
+async def test_workers_catching_up_on_late_slots_keep_to_the_bots_rate(
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+) -> None:
+    """Workers that fall behind their reserved slots and then catch up do not send faster
+    than TELEGRAM_GLOBAL_RATE: a late slot goes when the sends actually made leave room,
+    else it takes the next slot (migrations/0032). The process is frozen (SIGSTOP) for 4 s
+    while 60 messages to 60 chats go out at 5 a second: when it wakes, about 20 slots have
+    passed unused. Before, those went out at once beside the slots coming due (the rate-30
+    soak sent 33-37 a second for minutes after its workers lagged)."""
+    from autom.jobs.models import NewJob
+    from autom.jobs.store import JobStore
+
+    messages, rate = 60, 5
+    async with autom_processes(tmp_path) as procs:
+        proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, TELEGRAM_GLOBAL_RATE=str(rate),
+                                 WORKERS="8")
+        await JobStore(db).enqueue_many([NewJob("telegram.send", {"chat_id": 1000 + n, "text": f"m{n}"})
+                                         for n in range(messages)])
+        with trio.fail_after(30):
+            await telegram_stub.wait_for_calls(10, method="sendMessage")
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            await trio.sleep(4)  # the scenario: slots pass while no worker runs
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        with trio.fail_after(60):
+            calls = await telegram_stub.wait_for_calls(messages, method="sendMessage")
+        await wait_until(lambda: _sent(db, messages), timeout=10)
+        proc.terminate()
+        assert await proc.wait(timeout=20) == 0
+    assert sorted(c.params["text"] for c in calls) == sorted(f"m{n}" for n in range(messages))  # each once
+    assert over_the_limit([c.time for c in calls], rate=rate, burst=rate) == []
+    claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
+    # a job that waits is claimed twice (its slot reserved, then taken); one held back in the
+    # catch-up once more (measured: 135 for 60); the issue's bound is 3 a job
+    assert claims <= 3 * messages, claims
+
+
+def over_the_limit(times: list[float], *, rate: float, burst: float, slack: float = 0.3) -> list[tuple[int, float]]:
+    """The stretches of sends (how many, over how many seconds) that a limit of ``rate`` a
+    second with bursts of ``burst`` does not allow: n sends need (n - burst) / rate seconds.
+    ``slack``: how much closer than their slots two sends may arrive at the stub (the
+    first one's request held up a moment longer than the second's)."""
+    times = sorted(times)
+    return [(j - i + 1, round(times[j] - times[i], 3))
+            for i in range(len(times)) for j in range(i + 1, len(times))
+            if j - i + 1 > burst + rate * (times[j] - times[i] + slack)]
 
 
 async def _sent(db: Any, n: int) -> bool:
