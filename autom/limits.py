@@ -46,6 +46,9 @@ CHAT_KINDS = ("telegram.send", "telegram.message", "telegram.callback", "telegra
 RECORD_TRY_SECONDS = 5.0
 #: At most one log line per wait reason in this many seconds (the rest are counted).
 WAIT_LOG_SECONDS = 60.0
+#: A job's send that could not reach the limits (the database away) is deferred this long,
+#: its attempt not counted: nothing was sent, and its handler is not at fault.
+UNREACHABLE_DEFER_SECONDS = 2.0
 
 
 @dataclass
@@ -107,6 +110,9 @@ class SendLimiter:
         back after its slot, however late (its workers lagged), sends on it and takes no
         new one (migrations/0030) when the sends the bot actually made leave room for it
         now; else (the workers are catching up) it takes the next slot (migrations/0032).
+        With a job, the database not answering (``DatabaseUnavailable``, a transient
+        ``QueryError``) defers the job ``UNREACHABLE_DEFER_SECONDS`` (nothing was sent: the
+        attempt is not counted); without one (alerts) it is raised.
 
         ``interval``: the chat's spacing in seconds instead of ``interval(chat_id)`` (0: the
         bot's budget alone, as for answering button presses, which go to no chat).
@@ -120,13 +126,19 @@ class SendLimiter:
         little early once; a 429 to it is handled like any other). ``pushed`` keeps the
         server's setting (a 429 hold lost in a crash would let a flood go on).
         """
-        row = await self._db.fetch_one(Q.telegram_acquire, {
-            "chat": str(chat_id), "parts": max(1, parts),
-            "chat_interval": self.interval(chat_id) if interval is None else interval,
-            "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
-            "job": job.id if job is not None else None, "line": job.recipient if job is not None else None,
-            "line_kinds": list(CHAT_KINDS),
-        }, prepare=True)
+        try:
+            row = await self._db.fetch_one(Q.telegram_acquire, {
+                "chat": str(chat_id), "parts": max(1, parts),
+                "chat_interval": self.interval(chat_id) if interval is None else interval,
+                "global_interval": self.global_interval, "burst": self.burst, "priority": priority,
+                "job": job.id if job is not None else None, "line": job.recipient if job is not None else None,
+                "line_kinds": list(CHAT_KINDS),
+            }, prepare=True)
+        except (DatabaseUnavailable, QueryError) as exc:
+            deferred = self._unreachable(exc, f"chat {chat_id}", job is not None)
+            if deferred is None:
+                raise
+            raise deferred from exc
         wait = float((row or {}).get("wait") or 0.0)
         line_in = (row or {}).get("line_in")
         if line_in is not None and self.on_due is not None:
@@ -151,6 +163,19 @@ class SendLimiter:
                                                                 "interval": self.interval(chat_id)})
         return float(wait or 0.0)
 
+    def _unreachable(self, exc: DatabaseUnavailable | QueryError, what: str, job: bool) -> Defer | None:
+        """What a send that could not ask the database before sending raises instead of ``exc``:
+        a ``Defer`` of ``UNREACHABLE_DEFER_SECONDS`` for a job's send (``job``; nothing was sent:
+        counted and logged as a wait, reason ``database``); None: ``exc`` itself (alerts, a
+        lasting QueryError)."""
+        if not job or (isinstance(exc, QueryError) and not exc.transient):
+            return None
+        text = f"telegram: {what} not sent, the database did not answer ({exc})"
+        self.waited("database", text)
+        deferred = Defer(text, after=UNREACHABLE_DEFER_SECONDS)
+        deferred.quiet = True  # counted and logged by ``waited``
+        return deferred
+
     def waited(self, reason: str, text: str, job: Job | None = None) -> None:
         """Count one wait for ``reason`` and log it, at most one line a minute per reason."""
         if self.metrics is not None:
@@ -166,11 +191,21 @@ class SendLimiter:
         moving its reserved slots (and their jobs) past the hold. ``FLOOD_THRESHOLD`` 429s within
         ``FLOOD_WINDOW`` seconds that are also half the recent sends (Telegram refusing most of
         them) pause all sends, moving every reserved slot past the pause; a few among many
-        (each chat's own) pause nothing else."""
-        paused = await self._db.fetch_val(Q.telegram_pushed, {
-            "chat": str(chat_id), "after": max(0.0, retry_after),
-            "threshold": FLOOD_THRESHOLD, "window": FLOOD_WINDOW,
-        })
+        (each chat's own) pause nothing else. The database not answering is logged, not
+        raised: the refused send is deferred by its caller all the same."""
+        try:
+            paused = await self._db.fetch_val(Q.telegram_pushed, {
+                "chat": str(chat_id), "after": max(0.0, retry_after),
+                "threshold": FLOOD_THRESHOLD, "window": FLOOD_WINDOW,
+            })
+        except (DatabaseUnavailable, QueryError) as exc:
+            if isinstance(exc, QueryError) and not exc.transient:
+                raise
+            # the refused job is deferred by retry_after all the same (its caller's Defer);
+            # the other replicas' sends to the chat find out with their own 429
+            log.warning("could not record telegram's 429 for chat %s (%s): its job waits all the same",
+                        chat_id, exc, extra={"recipient": str(chat_id)})
+            return
         if paused:
             log.warning("telegram answered 429 to most recent sends: all sends pause for %.0fs",
                         retry_after, extra={"delay_s": retry_after})
@@ -193,8 +228,15 @@ class SendLimiter:
 
     async def parts_sent(self, job_id: int, slot: str) -> tuple[int, int | None]:
         """How many parts of the split send ``slot`` of job ``job_id`` an earlier run sent, and the
-        message_id of the last of them: ``(0, None)`` when none."""
-        found = await self._db.fetch_val(Q.telegram_parts_sent, {"job_id": job_id, "slot": slot})
+        message_id of the last of them: ``(0, None)`` when none. Asked before anything is sent:
+        the database not answering defers the job (as in ``acquire``)."""
+        try:
+            found = await self._db.fetch_val(Q.telegram_parts_sent, {"job_id": job_id, "slot": slot})
+        except (DatabaseUnavailable, QueryError) as exc:
+            deferred = self._unreachable(exc, f"job {job_id}'s split text", True)
+            if deferred is None:
+                raise
+            raise deferred from exc
         if not isinstance(found, list) or len(found) != 2:
             return 0, None
         return int(found[0]), None if found[1] is None else int(found[1])
@@ -227,6 +269,7 @@ class SendLimiter:
 _REASONS = {
     "chat": "the chat's spacing", "global": "the bot's budget", "pause": "a pause of all sends",
     "held": "a reserved slot", "refused": "Telegram's 429", "sends": "the bot's sends made (a catch-up)",
+    "database": "the database (not reachable)",
 }
 
 

@@ -39,7 +39,8 @@ class Metrics:
         )
         self.telegram_waits = Counter(
             "autom_telegram_waits_total",
-            "Telegram sends deferred to a later slot by reason (chat, global, sends, pause, held, refused: a 429)",
+            "Telegram sends deferred to a later slot by reason (chat, global, sends, pause, held, refused: a 429, "
+            "database)",
             ["reason"], registry=r,
         )
         self.workers_busy = Gauge("autom_workers_busy", "Worker slots running a handler now", registry=r)
