@@ -58,8 +58,12 @@ The checks:
 * reruns: a job's handler ran more than once only after a retryable answer
   (502, 429, timeout), a SIGTERM that cancelled it, the death of its process, or
   the database restart or stall (the lease lapsed: the run was stopped at its
-  local deadline, or its first statement found no database: a retry); each
+  local deadline; a send that found no database before its call is deferred, its
+  attempt given back, like a wait for the send limits); each
   cause is counted, and the causes add up to the calls that did not finish a job;
+* limits: the stub's sendMessage calls (alerts too) within any 1, 10 and 30 s keep to
+  TELEGRAM_GLOBAL_RATE with bursts of that many (a second of slack for the stub's
+  own hiccups), catch-ups after the outages included;
 * processes: every SIGTERM ended in exit 0, no process died unasked.
 """
 
@@ -118,6 +122,12 @@ PROCESS_SETTINGS = {
     "SHUTDOWN_GRACE_SECONDS": f"{GRACE_SECONDS:g}",
     "LOG_LEVEL": "info",
 }
+
+#: the limits check: windows (seconds) in which the stub's sendMessage calls are counted, and
+#: how much closer than the limiter let them go they may arrive (this process, the stub's,
+#: starved a moment records a bunch at once)
+LIMIT_WINDOWS = (1.0, 10.0, 30.0)
+LIMIT_SLACK = 1.0
 
 #: the sendMessage mix (weights; the alert chat has its own)
 MIX = {"ok": 0.70, "slow": 0.10, "502": 0.08, "429": 0.06, "hang": 0.055, "400": 0.005}
@@ -248,7 +258,8 @@ async def serve_stub(
     config = stub_config("127.0.0.1:0", "soak.stub.hypercorn")
     stopping = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, stub, config, shutdown_trigger=stopping.wait, mode="asgi"))
+        app: Any = stub  # an ASGI app (hypercorn's types name its own protocol)
+        binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stopping.wait, mode="asgi"))
         stub.url = binds[0]
         task_status.started(stopping)
         await stopping.wait()
@@ -484,6 +495,7 @@ class Soak:
     async def progress(self) -> None:
         while True:
             await trio.sleep(self.profile.progress_every)
+            counts: dict[str, Any]
             try:
                 counts = await trio.to_thread.run_sync(job_counts, self.pg.dsn)
             except psycopg.Error:
@@ -648,6 +660,16 @@ class Report:
     @property
     def ok(self) -> bool:
         return all(c["ok"] for c in self.checks)
+
+
+def most_in_window(times: list[float], seconds: float) -> int:
+    """The most of ``times`` (sorted) within any ``seconds`` of each other."""
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] > seconds:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -934,14 +956,13 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         for claim in own:
             lease = claim["new_lease"]
             calls = per_claim.get(lease, [])
-            end = endings[jid].get(lease)
-            final = end is not None and end["new_status"] in ("done", "failed")
-            if final:
+            ending = endings[jid].get(lease)
+            if ending is not None and ending["new_status"] in ("done", "failed"):
                 unfinished_runs -= min(1, len(calls))  # its call (if any) is the one that finished the job
-                if end["new_status"] == "done" and (len(calls) != 1 or calls[0][1] not in ("ok", "slow")):
+                if ending["new_status"] == "done" and (len(calls) != 1 or calls[0][1] not in ("ok", "slow")):
                     problems.append(f"job {jid}: done by claim {lease} whose calls were {[k for _, k in calls]}")
                 continue
-            cause = why_claim_ended(claim, end, own, incs, in_outage, calls, lost_logged)
+            cause = why_claim_ended(claim, ending, own, incs, in_outage, calls, lost_logged)
             if calls:
                 causes[cause] += 1
             elif not cause.startswith("UNEXPLAINED"):
@@ -959,6 +980,16 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
     report.check("reruns", not problems,
                  f"{jobs_run_more} jobs ran more than once, {extra_runs} extra runs, each after: "
                  + (", ".join(f"{k} {v}" for k, v in causes.most_common()) or "-"), problems)
+
+    # ---- limits: the bot's sends keep to TELEGRAM_GLOBAL_RATE (bursts of at most that many) --------
+    send_times = sorted(c.time for c in soak.stub.calls if c.method.lower() == "sendmessage")
+    most = {w: most_in_window(send_times, w) for w in LIMIT_WINDOWS}
+    allowed = {w: GLOBAL_RATE + GLOBAL_RATE * (w + LIMIT_SLACK) for w in LIMIT_WINDOWS}
+    report.check("limits", all(most[w] <= allowed[w] for w in LIMIT_WINDOWS),
+                 "sendMessage calls (alerts too) at most " + ", ".join(
+                     f"{most[w]} within {w:g} s (allowed {allowed[w]:.0f})" for w in LIMIT_WINDOWS),
+                 [f"{most[w]} sendMessage calls within {w:g} s: more than {allowed[w]:.0f}" for w in LIMIT_WINDOWS
+                  if most[w] > allowed[w]])
 
     # ---- processes ------------------------------------------------------------------------------
     problems = []
@@ -997,7 +1028,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
                     and not in_outage(d.started, d.started + d.latency)
                     and all(abs(d.started - t) > 3.0 for t in disturbances)]
     waits = []
-    worst = (0.0, None)
+    worst: tuple[float, dict[str, Any] | None] = (0.0, None)
     for row in audit:
         if row["op"] == "update" and row["new_lease"] == row["old_lease"] + 1:
             due = row["old_run_at"] if row["old_status"] == "pending" else row["old_locked_until"]
@@ -1041,6 +1072,7 @@ def analyse(soak: Soak, tables: dict[str, list[dict[str, Any]]]) -> Report:
         "wait_beyond_run_at_max_s": round(worst[0], 3),
         "wait_max_during_outage": bool(worst_row and in_outage(worst_row["at"] - worst[0], worst_row["at"])),
         "drain_seconds": round(soak.quiesce.get("drained", 0) - soak.quiesce.get("sender_stopped", 0), 1),
+        "sendmessage_most_within_s": {f"{w:g}": n for w, n in most.items()},
     }
     waits_calm = [w for w, r in zip(waits, [r for r in audit if r["op"] == "update"
                                             and r["new_lease"] == r["old_lease"] + 1], strict=True)
@@ -1067,7 +1099,7 @@ def why_claim_ended(
                     and owner.signalled_at <= end["at"] + 0.1:
                 return "cancelled by SIGTERM"  # release_many: put back at shutdown
             # Telegram's limits defer a send (autom/limits.py): after a 429, or before any call
-            # while the chat's or the bot's budget is spent
+            # while the chat's or the bot's budget is spent, or no database answered the limiter
             kinds = {k for _, k in calls}
             if kinds == {"429"}:
                 return "deferred after 429"
@@ -1078,8 +1110,8 @@ def why_claim_ended(
         kinds = {k for _, k in calls}
         if "no database connection" in error and in_outage(claim["at"], end["at"]):
             # the send limit's statement found no database (the restart, or the stall's exhausted
-            # pool): before the call, or recording the 429 it was answered; a retry like any
-            # transient error
+            # pool): before the call, or recording the 429 it was answered; a retry in versions
+            # before the limiter deferred such sends (a deferral since, above: issue 31)
             if not calls:
                 return "retry: no database before its send (outage)"
             if kinds == {"429"}:

@@ -27,7 +27,7 @@ from tests.support.telegram_stub import Reply, TelegramStub
 
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "bench" / "soak.py"
-CHECKS = ("intake", "redeliveries", "answers", "outcomes", "alerts", "fencing", "reruns", "processes")
+CHECKS = ("intake", "redeliveries", "answers", "outcomes", "alerts", "fencing", "reruns", "limits", "processes")
 #: the soak's own bound (run + drain + quiesce) is well under this; this only stops a hang
 TIMEOUT = 150
 
