@@ -328,3 +328,39 @@ async def test_a_job_back_long_after_its_reserved_slot_sends_on_it_and_takes_no_
     assert [c.params["text"] for c in telegram_stub.calls_of("sendMessage")] == ["late"]
     assert await db.fetch_val("select count(*) from telegram_reservations") == 0
     assert await db.fetch_val("select tat from telegram_budget") == tat  # no new slot taken
+
+
+async def test_late_slots_go_at_the_pace_of_the_sends_made_and_a_catch_up_takes_new_slots(
+    db: Any, telegram_stub: TelegramStub
+) -> None:
+    """Jobs back long after their slots (the workers lagged) send on them while the sends the
+    bot actually made leave room (migrations/0032): at the bot's pace, every one goes; all at
+    once (the workers catching up), a burst's worth goes and the rest take new slots. Before,
+    all went at once, however many."""
+    from autom.jobs.store import JobStore
+
+    rate = 10.0
+    limiter = SendLimiter(db, chat_rate=1.0, global_rate=rate)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n), recipient=None) for n in range(30)]
+    claims = {c.id: c for c in await store.claim(30)}
+    await db.execute("update telegram_budget set tat = clock_timestamp() + interval '5 seconds'")
+    for n, job_id in enumerate(ids):  # the budget is spent: each reserves its slot
+        with pytest.raises(Defer):
+            await limiter.acquire(100 + n, job=claims[job_id])
+    # the workers lag: every slot passed half a minute ago
+    await db.execute("update telegram_reservations set slot_at = slot_at - interval '40 seconds'")
+    await db.execute("update telegram_chats set next_send_at = next_send_at - interval '40 seconds'")
+    for n, job_id in enumerate(ids[:10]):  # back at the bot's pace (or slower): each sends on its slot
+        await limiter.acquire(100 + n, job=claims[job_id])
+        await trio.sleep(1 / rate)
+    sent, held = 0, []
+    for n, job_id in enumerate(ids[10:], start=10):  # all at once
+        try:
+            await limiter.acquire(100 + n, job=claims[job_id])
+            sent += 1
+        except Defer as exc:
+            held.append(str(exc))
+    assert sent <= rate, (sent, held)  # at most a burst beyond the pace of the sends made
+    assert len(held) >= 20 - rate, held  # each given the next slot (here behind the budget's end)
+    assert await db.fetch_val("select count(*) from telegram_reservations where slot_at > now()") == len(held)
