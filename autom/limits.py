@@ -1,4 +1,4 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030, 0032).
+"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030, 0033).
 
 ``SendLimiter`` keeps per chat the earliest time of its next message (TELEGRAM_CHAT_RATE a
 second; groups also ``GROUP_PER_MINUTE`` a minute), one GCRA budget of TELEGRAM_GLOBAL_RATE a
@@ -109,7 +109,7 @@ class SendLimiter:
         to the chat's next slot, so that it is not claimed only to wait. A job that comes
         back after its slot, however late (its workers lagged), sends on it and takes no
         new one (migrations/0030) when the sends the bot actually made leave room for it
-        now; else (the workers are catching up) it takes the next slot (migrations/0032).
+        now; else (the workers are catching up) it takes the next slot (migrations/0033).
         With a job, the database not answering (``DatabaseUnavailable``, a transient
         ``QueryError``) defers the job ``UNREACHABLE_DEFER_SECONDS`` (nothing was sent: the
         attempt is not counted); without one (alerts) it is raised.

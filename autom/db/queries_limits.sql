@@ -4,7 +4,7 @@
 -- wait 0: the right to send %(parts)s messages to the chat now is taken; wait > 0: the
 -- job %(job)s's slot is reserved that many seconds ahead (no job: nothing taken), and
 -- reason says what held it (chat, global, sends, pause, held); a job back after its slot, however
--- late, sends on it when the sends made leave room, else takes the next slot (migrations/0032;
+-- late, sends on it when the sends made leave room, else takes the next slot (migrations/0033;
 -- the last argument, `late`, is unused since migrations/0030); line_in: the chat's next job of the
 -- job's line was moved to the chat's next slot, due in that many seconds; -1: the chat blocked the bot
 -- (migrations/0020, 0026). Commits with synchronous_commit off, for its own transaction

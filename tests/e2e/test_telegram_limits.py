@@ -178,7 +178,7 @@ async def test_workers_catching_up_on_late_slots_keep_to_the_bots_rate(
 ) -> None:
     """Workers that fall behind their reserved slots and then catch up do not send faster
     than TELEGRAM_GLOBAL_RATE: a late slot goes when the sends actually made leave room,
-    else it takes the next slot (migrations/0032). The process is frozen (SIGSTOP) for 4 s
+    else it takes the next slot (migrations/0033). The process is frozen (SIGSTOP) for 4 s
     while 60 messages to 60 chats go out at 5 a second: when it wakes, about 20 slots have
     passed unused. Before, those went out at once beside the slots coming due (the rate-30
     soak sent 33-37 a second for minutes after its workers lagged)."""

@@ -334,7 +334,7 @@ async def test_late_slots_go_at_the_pace_of_the_sends_made_and_a_catch_up_takes_
     db: Any, telegram_stub: TelegramStub
 ) -> None:
     """Jobs back long after their slots (the workers lagged) send on them while the sends the
-    bot actually made leave room (migrations/0032): at the bot's pace, every one goes; all at
+    bot actually made leave room (migrations/0033): at the bot's pace, every one goes; all at
     once (the workers catching up), a burst's worth goes and the rest take new slots. Before,
     all went at once, however many."""
     from autom.jobs.store import JobStore

@@ -1,4 +1,4 @@
--- 0032: Telegram's limits (autom/limits.py): the bot's rate bounds the sends actually made.
+-- 0033: Telegram's limits (autom/limits.py): the bot's rate bounds the sends actually made.
 --
 -- The budget (telegram_budget.tat, a GCRA) hands out slots; a job that comes back after
 -- its slot, however late, sends on it (0030). That keeps to the budget only while the
