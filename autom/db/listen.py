@@ -1,15 +1,6 @@
 """LISTEN for trio: one dedicated native connection (autom.db.native), reconnected when lost.
 
-``Database.listen`` (autom.db.bridge) is the way in. The connection waits for
-notifications on its socket in trio itself (``notifies()`` of a
-``TrioConnection``, always inside ``aclosing()``: the generator holds the
-connection's lock, and a generator left to trio's finalizer would release it
-from another task). Each payload is handed to ``on_notify`` at once, in trio;
-a cancel stops it at once (no thread to poll a stop flag). A lost connection is
-reconnected at once when it had lived a while, with a growing pause
-(``LISTEN_BACKOFF_MIN`` to ``LISTEN_BACKOFF_MAX``) when connections keep dying
-young or cannot be made; after each reconnect ``on_notify("")`` tells the caller
-that notifications may have been missed.
+``Database.listen`` (autom.db.bridge) is the way in; ``serve_notifications`` the loop.
 """
 
 from __future__ import annotations
@@ -42,8 +33,15 @@ async def serve_notifications(
 ) -> NoReturn:
     """LISTEN on ``channel`` forever on a connection made with ``connect_kwargs`` (see ``Database.listen``).
 
-    ``task_status.started()`` once the first LISTEN works; ``on_notify("")`` after
-    each reconnect.
+    ``task_status.started()`` once the first LISTEN works. Each payload is handed to
+    ``on_notify`` at once, in trio: the connection waits on its socket in trio itself
+    (``notifies()`` of a ``TrioConnection``, always inside ``aclosing()``: the generator
+    holds the connection's lock, and one left to trio's finalizer would release it from
+    another task), so a cancel stops it at once. A lost connection is reconnected at once
+    when it had lived a while, with a growing pause (``LISTEN_BACKOFF_MIN`` to
+    ``LISTEN_BACKOFF_MAX``) when connections keep dying young or cannot be made; after
+    each reconnect ``on_notify("")`` tells the caller that notifications may have been
+    missed. psycopg errors are logged and the connection made again; it never returns.
     """
     listen = sql.SQL("listen {}").format(sql.Identifier(channel))
     listening = False

@@ -55,7 +55,7 @@ def store_params(
     ``event_id`` is the new event's, set by the statement.
     """
     params = {
-        "token": uuid.uuid4().hex,  # the commit record's key, should the connection drop (_committed)
+        "token": uuid.uuid4().hex,  # the commit record's key, should the connection drop (commits.py)
         "source": source,
         "headers": json.dumps(headers, ensure_ascii=False),
         "body": body,
