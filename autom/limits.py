@@ -1,4 +1,4 @@
-"""Telegram's send limits, shared by every replica through PostgreSQL (migrations/0009, 0026, 0030, 0033).
+"""Telegram's send limits, shared by every replica through PostgreSQL (how and why: docs/design/telegram.md).
 
 ``SendLimiter`` keeps per chat the earliest time of its next message (TELEGRAM_CHAT_RATE a
 second; groups also ``GROUP_PER_MINUTE`` a minute), one GCRA budget of TELEGRAM_GLOBAL_RATE a
@@ -33,7 +33,7 @@ log = logging.getLogger("autom.telegram")
 GROUP_PER_MINUTE = 20
 #: This many 429s within ``FLOOD_WINDOW`` seconds pause all sends, when they are also at
 #: least half the recent sends (the budget row's ``flood_share``, over ``flood_memory``
-#: seconds: migrations/0030). Telegram's retry_after is about the request it refused;
+#: seconds). Telegram's retry_after is about the request it refused;
 #: its limit on the bot shows as most sends refused, not as a few among many.
 FLOOD_THRESHOLD = 3
 FLOOD_WINDOW = 10.0
@@ -108,8 +108,8 @@ class SendLimiter:
         recipient line, when it is this chat, has its next job (of ``CHAT_KINDS``) moved
         to the chat's next slot, so that it is not claimed only to wait. A job that comes
         back after its slot, however late (its workers lagged), sends on it and takes no
-        new one (migrations/0030) when the sends the bot actually made leave room for it
-        now; else (the workers are catching up) it takes the next slot (migrations/0033).
+        new one when the sends the bot actually made (the budget row's ``sent_tat``) leave
+        room for it now; else (the workers are catching up) it takes the next slot.
         With a job, the database not answering (``DatabaseUnavailable``, a transient
         ``QueryError``) defers the job ``UNREACHABLE_DEFER_SECONDS`` (nothing was sent: the
         attempt is not counted); without one (alerts) it is raised.
