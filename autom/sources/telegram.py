@@ -2,15 +2,11 @@
 
 Telegram authenticates a delivery only by echoing the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; there is no signature and
-no timestamp, so redeliveries are recognised by ``update_id`` alone.
-
-``message`` updates become ``telegram.message`` jobs, ``edited_message``
-``telegram.edited``, ``callback_query`` (a button pressed) ``telegram.callback`` and
-``my_chat_member`` (the bot blocked, unblocked, added or removed) ``telegram.member``
-jobs; storing one sets or clears the chat's blocked mark (migrations/0020, 0024).
-A callback's recipient is ``<chat>:cb``: a line of its own beside the chat's, so a
-button is answered without waiting for the chat's slow jobs. Channel posts and the
-rest are stored as events without jobs.
+no timestamp, so redeliveries are recognised by ``update_id`` alone. ``parse`` makes one
+job per message, edit, button press or membership change; storing one sets or clears the
+chat's blocked mark (a trigger on jobs, ``autom_telegram_chat_seen``). Channel posts and
+the rest are stored as events without jobs. A callback's recipient is ``<chat>:cb``: a
+line of its own beside the chat's, so a button is answered without waiting for the chat's slow jobs.
 """
 
 from __future__ import annotations
