@@ -5,11 +5,6 @@ sending inline (``await ctx.enqueue("telegram.send", {...}, recipient=str(chat_i
 the message is then retried on its own (a Telegram outage does not repeat the
 handler's other work), waits its turn within Telegram's rate limits, and with
 the chat as recipient arrives in order with the chat's other messages.
-
-Rerun-safe within the at-least-once promise: a crash between Telegram's answer and
-the job's completion sends the message again (Telegram has no idempotency key). A
-long text's parts are each sent once: a rerun resumes at the first part not sent
-(autom/telegram.py). A chat that blocked the bot ends the job cancelled, no alert.
 """
 
 from __future__ import annotations
@@ -24,7 +19,13 @@ if TYPE_CHECKING:
 
 
 async def handle(ctx: HandlerContext, job: Job) -> None:
-    """Send ``payload.text`` to ``payload.chat_id``; a payload without them fails for good."""
+    """Send ``payload.text`` to ``payload.chat_id``; a payload without them fails for good.
+
+    Rerun-safe within the at-least-once promise: a crash between Telegram's answer and
+    the job's completion sends the message again (Telegram has no idempotency key). A
+    long text's parts are each sent once: a rerun resumes at the first part not sent
+    (autom/telegram.py). A chat that blocked the bot ends the job cancelled, no alert.
+    """
     chat_id = job.payload.get("chat_id")
     text = job.payload.get("text")
     if isinstance(chat_id, bool) or not isinstance(chat_id, int | str) or chat_id == "":
