@@ -167,7 +167,8 @@ async def test_one_chats_backlog_goes_out_at_its_rate_in_order_with_about_one_cl
         proc.terminate()
         assert await proc.wait(timeout=20) == 0
     assert [c.params["text"] for c in calls] == [f"m{n}" for n in range(messages)]  # in order, each once
-    assert over_the_limit([c.time for c in calls], rate=rate, burst=1) == []  # one a second, never faster
+    # one a second, never faster (half a second of slack: a request held up in a busy process)
+    assert over_the_limit([c.time for c in calls], rate=rate, burst=1, slack=0.5) == []
     claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
     assert claims <= 1.25 * messages, claims  # the "fewer than 250 claims" for 200
     assert await db.fetch_val("select count(*) from telegram_reservations") == 0
@@ -204,7 +205,9 @@ async def test_workers_catching_up_on_late_slots_keep_to_the_bots_rate(
         proc.terminate()
         assert await proc.wait(timeout=20) == 0
     assert sorted(c.params["text"] for c in calls) == sorted(f"m{n}" for n in range(messages))  # each once
-    assert over_the_limit([c.time for c in calls], rate=rate, burst=rate) == []
+    # a second of slack: the woken process, busy, may hold a request back that long (before,
+    # 20 arrived within 0.1 s: far over even this)
+    assert over_the_limit([c.time for c in calls], rate=rate, burst=rate, slack=1.0) == []
     claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
     # a job that waits is claimed twice (its slot reserved, then taken); one held back in the
     # catch-up once more (measured: 135 for 60); the bound is 3 a job

@@ -355,12 +355,15 @@ async def test_late_slots_go_at_the_pace_of_the_sends_made_and_a_catch_up_takes_
         await limiter.acquire(100 + n, job=claims[job_id])
         await trio.sleep(1 / rate)
     sent, held = 0, []
+    started = trio.current_time()
     for n, job_id in enumerate(ids[10:], start=10):  # all at once
         try:
             await limiter.acquire(100 + n, job=claims[job_id])
             sent += 1
         except Defer as exc:
             held.append(str(exc))
-    assert sent <= rate, (sent, held)  # at most a burst beyond the pace of the sends made
-    assert len(held) >= 20 - rate, held  # each given the next slot (here behind the budget's end)
+    # at most a burst, and what the rate refills while they ask (a few ms; a loaded machine's more)
+    allowed = int(rate * (1 + trio.current_time() - started)) + 1
+    assert sent <= allowed, (sent, held)
+    assert len(held) == 20 - sent, held  # each given the next slot (here behind the budget's end)
     assert await db.fetch_val("select count(*) from telegram_reservations where slot_at > now()") == len(held)
