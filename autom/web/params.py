@@ -32,9 +32,9 @@ class NameConverter(BaseConverter):
     """``<name:r>`` in a route: a recipient (or kind) that may hold ``/`` (``site:/contact``, linked as
     ``site%3A%2Fcontact``: the server decodes ``%2F`` before routing). It takes the rest of the path up to
     the rule's own suffix (``/ui/recipients/<name:r>/pause``), leading, doubled and trailing slashes
-    included; never empty."""
+    included, line breaks too; never empty."""
 
-    regex = ".+?"
+    regex = "(?s:.+?)"  # "." alone stops at a line break: the route was then a 404
     part_isolating = False
 
 

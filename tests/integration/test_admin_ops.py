@@ -167,6 +167,15 @@ async def test_pause_holds_a_kind_on_every_lane_and_resume_releases_it(app: Runn
     assert bad.status_code == 400
 
 
+async def test_a_recipient_with_a_line_break_is_refused_by_its_route_not_missed(app: RunningApp) -> None:
+    # the route takes any character (a "." stops at a line break: these were undocumented 404s)
+    for method, path in (("GET", "/admin/recipients/a%0Ab"), ("POST", "/admin/recipients/%0A%0Bg/purge"),
+                         ("POST", "/admin/recipients/a%0D%0Ab/pause"), ("POST", "/admin/recipients/a%0Ab/resume")):
+        answer = await app.client.request(method, path, headers=AUTH)
+        assert (answer.status_code, answer.json()) == (
+            400, {"error": "recipient must be printable text of at most 200 characters"}), path
+
+
 async def test_recipient_event_and_time_filters_and_keyset_pages(app: RunningApp, db: Any) -> None:
     old = await insert_job(db, kind="k", recipient="42", created_at="2020-01-01T00:00:00Z")
     mine = [await insert_job(db, kind="k", recipient="42") for _ in range(3)]
