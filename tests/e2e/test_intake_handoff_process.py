@@ -27,6 +27,9 @@ async def test_an_idle_process_runs_its_webhooks_job_without_a_claim(
     dsn: str, db: Any, stub: TelegramStub, procs: AutomProcesses
 ) -> None:
     proc = await procs.start(dsn=dsn, telegram_url=stub.url)
+    # idle first: the jobs its schedules enqueue at start (heartbeat, prune) have run
+    await wait_until(lambda: db.fetch_val("select count(*) = 0 from jobs where status in ('pending', 'running')"),
+                     timeout=30)
     chats = [910_000 + n for n in range(3)]
     async with httpx.AsyncClient(base_url=proc.url, timeout=10) as client:
         for n, chat in enumerate(chats):
