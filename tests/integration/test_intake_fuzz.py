@@ -41,7 +41,7 @@ from urllib.parse import quote, urlencode
 import httpx
 import psycopg
 import trio
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.service import SITE_SECRET, TG_SECRET, running_service, service_settings
@@ -49,6 +49,9 @@ from tests.support.service import SITE_SECRET, TG_SECRET, running_service, servi
 EXAMPLES = 300
 MAX_BODY = 4096
 ALLOWED = {202, 400, 401, 404, 413}
+#: README: a request head over about 64 KiB is refused by the HTTP server itself with 431 (a huge
+#: signature beside several huge extra headers makes one now and then)
+HEAD_LIMIT = 64 * 1024
 SOURCES = ("telegram", "site", "github", "stripe", "standard")
 
 # Non-ASCII secrets where the sender's scheme allows any bytes (used as their UTF-8 bytes).
@@ -306,6 +309,8 @@ def fuzz(base_url: str, dsn: str) -> Counter[tuple[int, str]]:
 
         @FUZZ
         @given(case=cases())
+        # a body over the limit every run (the sample alone missed it now and then)
+        @example(case=Case("site", b"{" + b" " * MAX_BODY + b"}", expect={413}, why="body over MAX_BODY_BYTES"))
         def property_(case: Case) -> None:
             before = events()
             n = next(clients)
@@ -314,6 +319,11 @@ def fuzz(base_url: str, dsn: str) -> Counter[tuple[int, str]]:
             after = events()
             status = response.status_code
             seen[(status, case.why.split(" [")[0])] += 1
+            head = sum(len(name) + len(value) + 4 for name, value in headers)  # "name: value\r\n" each
+            if head > HEAD_LIMIT - 1024:  # the request line, Host and Content-Length are the rest of it
+                assert status == 431 or (head <= HEAD_LIMIT and status in case.expect), f"{status}: {head} bytes"
+                assert after == before, f"a refused head stored {after - before} events"
+                return
             assert status < 500, f"{status} {response.text[:200]} for {case.why}"
             assert status in ALLOWED, f"{status} {response.text[:200]} for {case.why}"
             assert status in case.expect, f"{status} (expected {sorted(case.expect)}) for {case.why}: {response.text}"
@@ -347,7 +357,7 @@ async def test_random_deliveries_get_only_contract_answers_and_refused_ones_stor
     print(sorted(seen.items()))
     statuses = Counter(status for status, _ in seen.elements())
     # the sample reached every answer the contract lists (a sanity check on the strategies)
-    assert set(statuses) == ALLOWED, statuses
+    assert set(statuses) - {431} == ALLOWED, statuses
 
 
 async def test_a_github_form_body_with_a_right_signature_and_odd_payloads(dsn: str, telegram_stub: Any) -> None:
