@@ -63,8 +63,10 @@ class World:
             folder = self.procs.folder / f"autom-{number}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "runs_automations.py").write_text(RUNS_MODULE)
+        # a 4 s lease: a run is stopped only if a renewal is answered more than 3.6 s after it was
+        # sent (a 2 s lease was at load 6, the suite's own under pytest -n)
         env = {"AUTOM_APP": "runs_automations:app", "RUNS_FILE": str(self.runs_file),
-               "RUN_SECONDS": str(run_seconds), "JOB_LEASE_SECONDS": "2", "WORKERS": "2", **settings}
+               "RUN_SECONDS": str(run_seconds), "JOB_LEASE_SECONDS": "4", "WORKERS": "2", **settings}
         return await self.procs.start(dsn=self.dsn, telegram_url=self.stub.url, **env)
 
     def runs(self) -> list[tuple[int, int, int]]:
