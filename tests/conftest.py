@@ -9,6 +9,7 @@ database is created at its start and dropped in the background after its end
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -19,6 +20,19 @@ from tests.support.pg import PgServer, start_pg_server, unique_db_name
 from tests.support.tls import share_default_tls_context
 
 share_default_tls_context()  # every httpx client here speaks plain HTTP: tests/support/tls.py
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n 3``): each file's tests in one process, the files in their order.
+
+    A module fixture then starts once (the soak, the browser), and the e2e files, which wait
+    the most, start first (xdist would otherwise send the files with the most tests first).
+    """
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
