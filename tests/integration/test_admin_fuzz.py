@@ -218,9 +218,10 @@ def route_table(document: dict[str, Any]) -> list[tuple[re.Pattern[str], dict[st
     """(path regex, {METHOD: documented statuses}) for every path of the description."""
     table = []
     for template, operations in document["paths"].items():
-        # a recipient may hold "/" (site:/contact): its parameter takes the rest of the path
+        # a recipient may hold "/" (site:/contact): its parameter takes the rest of the path,
+        # line breaks included (DOTALL), as the router's converters do
         any_text = re.escape(template).replace(r"\{recipient\}", ".+")
-        pattern = re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", any_text))
+        pattern = re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", any_text), re.DOTALL)
         table.append((pattern, {m.upper(): {int(code) for code in op["responses"]} for m, op in operations.items()}))
     return table
 
