@@ -28,6 +28,8 @@ from tests.support.telegram_stub import Reply, TelegramStub
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "bench" / "soak.py"
 CHECKS = ("intake", "redeliveries", "answers", "outcomes", "alerts", "fencing", "reruns", "limits", "processes")
+#: the soak's tests are ``slow``: not in ``python -m pytest -n 3`` (its chaos needs the machine to
+#: itself: replicas must restart within seconds), run alone after it (``python -m pytest -m slow``)
 #: the soak's own bound (run + drain + quiesce) is well under this; this only stops a hang
 TIMEOUT = 150
 
@@ -49,6 +51,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CHECKS)
 def test_soak_check(soak: dict[str, Any], name: str) -> None:
     found = [c for c in soak["checks"] if c["name"] == name]
@@ -57,11 +60,13 @@ def test_soak_check(soak: dict[str, Any], name: str) -> None:
     assert check["ok"], f"{name}: {check['detail']}\n" + "\n".join(check["problems"]) + "\n\n" + soak["output"]
 
 
+@pytest.mark.slow
 def test_soak_exit_code_matches_its_checks(soak: dict[str, Any]) -> None:
     assert {c["name"] for c in soak["checks"]} == set(CHECKS)
     assert soak["returncode"] == (0 if all(c["ok"] for c in soak["checks"]) else 1), soak["output"]
 
 
+@pytest.mark.slow
 def test_soak_really_was_disturbed(soak: dict[str, Any]) -> None:
     """The chaos happened: a run without kills or a database restart proves little."""
     figures = soak["figures"]
