@@ -7,17 +7,39 @@
 -- values (not prepared), so the NULL tests of absent filters fold away. Also how
 -- many match (Operations.count_jobs): counted with limit = the cap (the same walk,
 -- stopped there), past it the planner's estimate (EXPLAIN with no limit to speak of).
+-- A recipient's jobs are two reads, each newest first and stopped at the page, then
+-- merged: its finished jobs, a walk of jobs_recipient_done (migrations/0034), and its
+-- unfinished ones, its line (jobs_recipient_line) read whole and sorted (the intake
+-- keeps a line near MAX_PENDING_PER_RECIPIENT). Without a recipient the first is the
+-- one walk (jobs_pkey) and the second folds away. The filters are written out in
+-- both: each read applies them before its limit.
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
        recipient, payload, created_at, updated_at, finished_at
-from jobs
-where (%(status)s::text is null or status = %(status)s)
-  and (%(kind)s::text is null or kind = %(kind)s)
-  and (%(recipient)s::text is null or recipient = %(recipient)s)
-  and (%(event_id)s::bigint is null or event_id = %(event_id)s)
-  and (%(since)s::timestamptz is null or created_at >= %(since)s)
-  and (%(until)s::timestamptz is null or created_at < %(until)s)
-  and (%(failed_since)s::timestamptz is null or finished_at >= %(failed_since)s)
-  and (%(before)s::bigint is null or id < %(before)s)
+from ((
+    select * from jobs
+    where (%(recipient)s::text is null or (recipient = %(recipient)s and due_at is null))
+      and (%(status)s::text is null or status = %(status)s)
+      and (%(kind)s::text is null or kind = %(kind)s)
+      and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+      and (%(since)s::timestamptz is null or created_at >= %(since)s)
+      and (%(until)s::timestamptz is null or created_at < %(until)s)
+      and (%(failed_since)s::timestamptz is null or finished_at >= %(failed_since)s)
+      and (%(before)s::bigint is null or id < %(before)s)
+    order by id desc
+    limit %(limit)s
+) union all (
+    select * from jobs
+    where recipient = %(recipient)s and due_at is not null
+      and (%(status)s::text is null or status = %(status)s)
+      and (%(kind)s::text is null or kind = %(kind)s)
+      and (%(event_id)s::bigint is null or event_id = %(event_id)s)
+      and (%(since)s::timestamptz is null or created_at >= %(since)s)
+      and (%(until)s::timestamptz is null or created_at < %(until)s)
+      and (%(failed_since)s::timestamptz is null or finished_at >= %(failed_since)s)
+      and (%(before)s::bigint is null or id < %(before)s)
+    order by id desc
+    limit %(limit)s
+)) jobs
 order by id desc
 limit %(limit)s;
 
@@ -25,13 +47,14 @@ limit %(limit)s;
 -- Failed jobs, newest failure first (jobs_finished), with ops_list_jobs' filters
 -- (since/until bound created_at, failed_since finished_at). The keyset cursor is the
 -- last row's (finished_at, id): before_at, or that job's own finished_at when the
--- caller has only its id.
+-- caller has only its id. A failed job's due_at is NULL: a recipient's are in
+-- jobs_recipient_done (migrations/0034), said so the planner may walk it.
 select id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
        recipient, payload, created_at, updated_at, finished_at
 from jobs
 where status = 'failed' and finished_at is not null
   and (%(kind)s::text is null or kind = %(kind)s)
-  and (%(recipient)s::text is null or recipient = %(recipient)s)
+  and (%(recipient)s::text is null or (recipient = %(recipient)s and due_at is null))
   and (%(event_id)s::bigint is null or event_id = %(event_id)s)
   and (%(since)s::timestamptz is null or created_at >= %(since)s)
   and (%(until)s::timestamptz is null or created_at < %(until)s)
@@ -156,10 +179,11 @@ select r.* from r, (select count(*) from wake) w;
 -- name: ops_failed_ids
 -- The failed jobs a bulk retry takes (kind, recipient, since = finished at or after,
 -- event_id and created_since/created_until = the list's created_at bounds; each optional), oldest first, at most %(limit)s: the caller retries them in batches.
+-- A recipient's failed jobs: through jobs_recipient_done, as in ops_list_failed.
 select id from jobs
 where status = 'failed'
   and (%(kind)s::text is null or kind = %(kind)s)
-  and (%(recipient)s::text is null or recipient = %(recipient)s)
+  and (%(recipient)s::text is null or (recipient = %(recipient)s and due_at is null))
   and (%(since)s::timestamptz is null or finished_at >= %(since)s)
   and (%(event_id)s::bigint is null or event_id = %(event_id)s)
   and (%(created_since)s::timestamptz is null or created_at >= %(created_since)s)
@@ -184,7 +208,7 @@ c as (
     select k.kind, (select count(*) from (
         select 1 from jobs j
         where j.kind = k.kind and j.status = 'failed'
-          and (%(recipient)s::text is null or j.recipient = %(recipient)s)
+          and (%(recipient)s::text is null or (j.recipient = %(recipient)s and j.due_at is null))
           and (%(since)s::timestamptz is null or j.finished_at >= %(since)s)
           and (%(event_id)s::bigint is null or j.event_id = %(event_id)s)
           and (%(created_since)s::timestamptz is null or j.created_at >= %(created_since)s)
@@ -421,11 +445,12 @@ select r.recipient from r, (select count(*) from wake) w;
 
 -- name: ops_recipient_purge
 -- Every pending job of the recipient (also one waiting for its retry) ends cancelled;
--- none of them is claimed (due_at becomes NULL). Returns how many.
+-- none of them is claimed (due_at becomes NULL). Returns how many. Found in its line
+-- (jobs_recipient_line: a pending job's due_at is its run_at, never NULL).
 with c as (
     update jobs set status = 'cancelled', finished_at = now(), locked_until = null, updated_at = now(),
                     last_error = 'purged by an operator with its recipient'
-     where recipient = %(recipient)s and status = 'pending'
+     where recipient = %(recipient)s and status = 'pending' and due_at is not null
     returning id
 )
 select count(*) as n from c;
@@ -435,18 +460,28 @@ select paused_at from recipients where recipient = %(recipient)s;
 
 -- name: ops_recipient_timeline
 -- A recipient's story, newest first: for a page of its jobs (newest first, before the
--- job id %(before)s, jobs_recipient_id), each job's creation, every attempt that did
--- not end done (job_attempts), how it finished, the events that made them, and the
--- operator actions (audit_log, migrations/0028, by audit_log_target) on these jobs and
--- on the recipient itself. An action on the recipient belongs to the page whose jobs'
+-- job id %(before)s; its finished and its unfinished jobs read apart and merged, as in
+-- ops_list_jobs), each job's creation, every attempt that did not end done
+-- (job_attempts), how it finished, the events that made them, and the operator actions
+-- (audit_log, migrations/0028, by audit_log_target) on these jobs and on the recipient
+-- itself. An action on the recipient belongs to the page whose jobs'
 -- creation times span it: from the page's oldest job's (none on the last page) up to
 -- the previous page's oldest (job %(before)s; none on the first page), so paging shows
 -- each once. Messages sent are the finished entries of its Telegram jobs (with the
 -- parts they sent).
 with j as (
     select id, kind, status, attempts, max_attempts, event_id, created_at, finished_at, last_error, telegram_parts
-    from jobs
-    where recipient = %(recipient)s and (%(before)s::bigint is null or id < %(before)s)
+    from ((
+        select * from jobs
+        where recipient = %(recipient)s and due_at is null and (%(before)s::bigint is null or id < %(before)s)
+        order by id desc
+        limit %(limit)s
+    ) union all (
+        select * from jobs
+        where recipient = %(recipient)s and due_at is not null and (%(before)s::bigint is null or id < %(before)s)
+        order by id desc
+        limit %(limit)s
+    )) jobs
     order by id desc
     limit %(limit)s
 ),

@@ -196,6 +196,37 @@ async def test_recipient_event_and_time_filters_and_keyset_pages(app: RunningApp
     assert await ids(f"recipient=42&limit=2&before={mine[1]}") == [mine[0], old]
 
 
+async def test_a_recipients_finished_and_unfinished_jobs_page_together_newest_first(
+    app: RunningApp, db: Any
+) -> None:
+    # finished and unfinished jobs interleaved: the pages merge the two walks (migrations/0034)
+    statuses = ["done", "pending", "failed", "pending", "cancelled", "done", "pending", "failed", "done"]
+    jobs = [await insert_job(db, kind="k", status=s, recipient="55") for s in statuses]
+    jobs.append(await insert_job(db, kind="k", status="running", recipient="55", locked_until="2030-01-01T00:00:00Z"))
+    statuses.append("running")
+    await insert_job(db, kind="k", status="done", recipient="56")
+    newest_first = jobs[::-1]
+
+    async def pages(path: str, key: str, cursor: str) -> list[int]:
+        seen: list[int] = []
+        before: int | None = None
+        while True:
+            query = "limit=3" + (f"&before={before}" if before else "")
+            response = await app.client.get(f"{path}{'&' if '?' in path else '?'}{query}", headers=AUTH)
+            assert response.status_code == 200, response.text
+            page = [e["job_id"] if key == "timeline" else e["id"]
+                    for e in response.json()[key] if key == "jobs" or e["type"] == "job"]
+            seen += page
+            before = response.json()[cursor] if key == "timeline" else (page[-1] if len(page) == 3 else None)
+            if before is None:
+                return seen
+
+    assert await pages("/admin/recipients/55", "timeline", "next_before") == newest_first
+    assert await pages("/admin/jobs?recipient=55", "jobs", "") == newest_first
+    assert await pages("/admin/jobs?recipient=55&status=pending", "jobs", "") == [
+        j for j, s in zip(newest_first, statuses[::-1], strict=True) if s == "pending"]
+
+
 async def test_events_list_newest_first_with_filters(app: RunningApp, db: Any) -> None:
     first = (await post_update(app.client, ping(1, 5))).json()["id"]
     second = (await post_update(app.client, b"not json")).json()["id"]
