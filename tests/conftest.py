@@ -24,7 +24,7 @@ share_default_tls_context()  # every httpx client here speaks plain HTTP: tests/
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (``-n 3``): each file's tests in one process, the files in their order.
+    """Under pytest-xdist (``-n 2``): each file's tests in one process, the files in their order.
 
     A module fixture then starts once (the soak, the browser), and the e2e files, which wait
     the most, start first (xdist would otherwise send the files with the most tests first).
