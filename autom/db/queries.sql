@@ -445,6 +445,17 @@ line as (
          limit 1
     ) h on true
 ),
+held as materialized (
+    -- the recipients' rows locked in recipient order before any is written, as every
+    -- writer of several recipients locks them (the intake's enqueue, migrations/0035):
+    -- written in the order of the join below, this statement and an intake batch
+    -- storing deliveries for the same two chats could each hold one row and wait for
+    -- the other's (a deadlock, broken only after deadlock_timeout, 1 s: issue 26)
+    select r.recipient from recipients r
+     where r.recipient in (select f.recipient from f)
+     order by r.recipient
+       for no key update of r
+),
 free as (
     update recipients r
        set busy_until = case when r.busy_until = l.locked_until then null else r.busy_until end,
@@ -455,7 +466,7 @@ free as (
                               when l.due_at <= now() and r.next_due_at <= now() then r.next_due_at
                               else l.due_at end,
            ver = r.ver + 1
-      from line l where r.recipient = l.recipient
+      from line l join held k on k.recipient = l.recipient where r.recipient = l.recipient
 ),
 wake as (select pg_notify('autom_jobs', '') from f where f.status = 'pending' and f.run_at <= now() limit 1)
 select f.id, f.status, f.run_at, f.last_error from f, (select count(*) from wake) w;
@@ -482,9 +493,16 @@ with r as (
        and j.locked_until > now()
     returning j.id, j.recipient, j.locked_until
 ),
+held as materialized (
+    -- the recipients' rows locked in recipient order first (settle_many's held)
+    select rc.recipient from recipients rc
+     where rc.recipient in (select r.recipient from r)
+     order by rc.recipient
+       for no key update of rc
+),
 busy as (
     update recipients rc set busy_until = greatest(rc.busy_until, r.locked_until)
-      from r where rc.recipient = r.recipient
+      from r join held k on k.recipient = r.recipient where rc.recipient = r.recipient
 )
 select r.id, r.locked_until from r;
 

@@ -120,6 +120,7 @@ with r as (
 rcpt as (
     insert into recipients as rc (recipient, next_due_at)
     select recipient, min(run_at) from r where recipient is not null group by recipient
+    order by recipient  -- rows in recipient order, as every writer of several (migrations/0035)
     on conflict (recipient) do update
         set next_due_at = least(rc.next_due_at, excluded.next_due_at), ver = rc.ver + 1
 ),
