@@ -86,7 +86,11 @@ function request()
   return wrk.format("POST", "/hooks/telegram",
     {["Content-Type"] = "application/json", ["X-Telegram-Bot-Api-Secret-Token"] = token}, body)
 end
+"""
 
+#: The ``done`` of every wrk script of these benchmarks (``wrk_result`` reads its line): requests,
+#: duration (µs), non-2xx answers, socket errors, p50, p90, p99 and max latency (µs).
+WRK_DONE = r"""
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("RESULT %d %d %d %d %d %d %d %d\n",
@@ -94,6 +98,7 @@ function done(summary, latency, requests)
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
 """
+WRK_SCRIPT += WRK_DONE
 
 
 # --- the server (child process) ---------------------------------------------------------
@@ -237,6 +242,16 @@ def system_busy_seconds() -> float:
     return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
 
 
+def wrk_result(cmd: list[str], nice: int = 0) -> tuple[int, ...]:
+    """Run ``cmd`` (wrk with a script ending in ``WRK_DONE``); its RESULT line's numbers."""
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         preexec_fn=(lambda: os.nice(nice)) if nice else None).stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no result:\n{out}")
+    return tuple(int(x) for x in line.split()[1:])
+
+
 def run_wrk(
     url: str, script: str, mode: str, senders: int, duration: float, server_pid: int, pg_pids: list[int],
     nice: int = 0,
@@ -248,8 +263,7 @@ def run_wrk(
     cpu_before, pg_before, busy_before = cpu_seconds(server_pid), postgres_cpu_seconds(pg_pids), system_busy_seconds()
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         preexec_fn=(lambda: os.nice(nice)) if nice else None).stdout
+    requests, duration_us, non_2xx, sock_err, p50, p90, p99, mx = wrk_result(cmd, nice)
     wall = time.monotonic() - started
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_used = cpu_seconds(server_pid) - cpu_before
@@ -258,8 +272,6 @@ def run_wrk(
     wrk_used = (children.ru_utime + children.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
     # what the rest of the machine did meanwhile, as a share of all cores: the noise indicator
     others = max(0.0, busy_total - cpu_used - pg_used - wrk_used) / wall / (os.cpu_count() or 1)
-    line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-    requests, duration_us, non_2xx, sock_err, p50, p90, p99, mx = (int(x) for x in line.split()[1:])
     return Run(
         route=mode, senders=senders, requests=requests, seconds=duration_us / 1e6, non_2xx=non_2xx,
         socket_errors=sock_err, p50_ms=p50 / 1000, p90_ms=p90 / 1000, p99_ms=p99 / 1000, max_ms=mx / 1000,

@@ -1,9 +1,33 @@
-"""A sustained closed loop against ``autom run``: the sender's answer minute by minute, and what waits.
+"""Sustained load against ``autom run``: a closed loop (issue 26's probe) or a fixed offered rate (issue 27's run).
 
     .venv/bin/python bench/sustained.py [--minutes 10] [--connections 16] [--chats 10000] [--workers 16]
                                         [--base-src DIR] [--rounds 1] [--out DIR] [--admin-dsn DSN]
+    .venv/bin/python bench/sustained.py --rate 300 [--minutes 10] [--warmup 5]     the open loop
+    .venv/bin/python bench/sustained.py --search [--search-from 100] [--step-seconds 30]
 
-What a run does (issue 26's probe, for as long as asked):
+**The open loop** (``--rate R`` or ``--search``; bench/openloop.py): issue 27's sustained
+run. A fresh database, the stubs in a process of their own (a Telegram Bot API stub
+enforcing Telegram's limits, 429 with retry_after beyond them; a CRM answering after
+20 ms) and one ``autom run`` with the App of bench/sustained_app.py (GitHub, Stripe and
+site jobs call the CRM; ``/ping`` is answered ``pong``). This process offers R signed
+deliveries a second whatever the answers do (wrk2's schedule: a latency counts from when
+its request was due): 70 % Telegram updates from ``--chats`` chats (2 % ``/ping``), 10 %
+each GitHub, Stripe and site. Per window (the warm-up, then each minute): deliveries due,
+answered 202, stored (events, by the due time each carries) and their jobs, the sender's
+answer p50/p99, webhook → job start p50/p99/max (the job's ``claimed_at`` minus the
+delivery's due time), replies the Telegram stub accepted, 429s it gave (goal 0), CRM
+calls, the server's RSS, the database's size, the CPU of the server and PostgreSQL and
+the rest of the machine (the stubs included), the wait events sampled as below. A
+window holds when every delivery due in it was answered 202 and stored once with one
+job, the start's p99 is at most 1 s and no 429 came. After the load: the backlog
+drains, and every event has exactly one job and the events equal the 202s. ``--rate``'s
+last line is that rate if every minute held (else 0); ``--search`` offers
+``--search-from``, then ``--search-factor`` times more per step of ``--step-seconds``
+until a step fails (or the backlog does not drain), then halves the gap until it is
+within 5 % (10/s); its last line is the highest rate that held. Output: ``table.md``,
+``windows.jsonl``.
+
+**The closed loop** (default; issue 26's probe, for as long as asked):
 
 1. creates a fresh database on ``--admin-dsn`` (default: the local PostgreSQL) and starts
    one real ``autom run`` on it (WORKERS=``--workers``, LOG_LEVEL info to a file, the
@@ -45,7 +69,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -68,11 +94,18 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import trio  # noqa: E402
-from intake import cpu_seconds, postgres_cpu_seconds, postgres_pids, system_busy_seconds  # noqa: E402
+from intake import (  # noqa: E402
+    WRK_DONE,
+    cpu_seconds,
+    postgres_cpu_seconds,
+    postgres_pids,
+    system_busy_seconds,
+    wrk_result,
+)
 from psycopg.conninfo import make_conninfo  # noqa: E402
 
 from tests.support.processes import process_env  # noqa: E402
-from tests.support.service import TG_SECRET  # noqa: E402
+from tests.support.service import SITE_SECRET, TG_SECRET  # noqa: E402
 from tests.support.telegram_stub import running_stub  # noqa: E402
 
 DEFAULT_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -114,14 +147,7 @@ function request()
   return wrk.format("POST", "/hooks/telegram",
     {["Content-Type"] = "application/json", ["X-Telegram-Bot-Api-Secret-Token"] = token}, body)
 end
-
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %d %d %d %d %d %d %d %d\n",
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
-end
-""".replace("CHAT_BASE", str(CHAT_BASE))
+""".replace("CHAT_BASE", str(CHAT_BASE)) + WRK_DONE
 
 #: the non-idle backends of one database: wait event ("CPU" when none), statement, and for a
 #: lock wait the statement of the first backend it waits for (statements by their first comment line)
@@ -214,11 +240,20 @@ def run_wrk(url: str, script: Path, args: argparse.Namespace, nonce: int, second
     """One wrk run; its RESULT numbers (requests, µs, non-2xx, socket errors, p50, p90, p99, max µs)."""
     cmd = ["wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{seconds:g}s", "--timeout", "10s",
            "-s", str(script), url, "--", TG_SECRET, str(nonce), str(args.chats)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise RuntimeError(f"wrk gave no result:\n{out}")
-    return tuple(int(x) for x in line.split()[1:])
+    return wrk_result(cmd)
+
+
+async def wait_serving(proc: trio.Process, log_path: Path) -> str:
+    """The URL ``autom run`` logs once it serves (its log file at ``log_path``)."""
+    with trio.fail_after(60):
+        while True:
+            text = await trio.Path(log_path).read_text(errors="replace")
+            if proc.returncode is not None:
+                raise RuntimeError(f"autom run exited: {text[-3000:]}")
+            found = SERVING.search(text)
+            if found:
+                return found.group(1)
+            await trio.sleep(0.1)
 
 
 def count(dsn: str, query: str) -> int:
@@ -246,14 +281,7 @@ async def one_server(args: argparse.Namespace, code: str, src: Path, round_no: i
                     [sys.executable, "-m", "autom", "run"], env=env, cwd=str(folder),
                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
             try:
-                url = ""
-                with trio.fail_after(60):
-                    while not url:
-                        if proc.returncode is not None:
-                            raise RuntimeError(f"autom run exited: {log_path.read_text()[-3000:]}")
-                        found = SERVING.search(log_path.read_text(errors="replace"))
-                        url = found.group(1) if found else ""
-                        await trio.sleep(0.1)
+                url = await wait_serving(proc, log_path)
                 print(f"{code} round {round_no}: autom run pid {proc.pid} at {url} (PYTHONPATH={src})", flush=True)
                 # warm-up: imports, pool, plans (its 202s count in the checks, not in the minutes)
                 warm = await trio.to_thread.run_sync(run_wrk, url, script, args, (round_no * 100 + 99) * 10**9,
@@ -300,13 +328,8 @@ async def one_server(args: argparse.Namespace, code: str, src: Path, round_no: i
                             print(f"      {n:4d} × {what}", flush=True)
                 finally:
                     sampler.stop()
-                drained_at = time.monotonic()
-                with trio.move_on_after(args.drain_timeout):
-                    while True:  # polling the database: nothing to wait on here
-                        if not await trio.to_thread.run_sync(count, dsn, BACKLOG):
-                            break
-                        await trio.sleep(0.2)
-                checks["drained_s"] = round(time.monotonic() - drained_at, 1)
+                took = await drained(dsn, args.drain_timeout)
+                checks["drained_s"] = None if took is None else round(took, 1)
                 proc.send_signal(signal.SIGTERM)
                 with trio.move_on_after(60):
                     await proc.wait()
@@ -390,6 +413,331 @@ async def run(args: argparse.Namespace, folder: Path) -> int:
     return 0 if all_ok else 1
 
 
+# --- the open loop (--rate, --search): issue 27's sustained run ----------------------------
+
+#: t0 of an event job's delivery (epoch s): the sender puts it after the command in a
+#: message's text, and in the body of the others (bench/openloop.py)
+T0 = """case j.kind when 'telegram.message' then split_part(j.payload->>'text', ' ', 2)::float8
+                 when 'github.event' then (j.payload->'body'->>'t0')::float8
+                 else (j.payload->>'t0')::float8 end"""
+#: per window of the offer (its start %(start)s, epoch s; the windows' starts from it %(bounds)s): the events
+#: stored, their jobs, and from the delivery's due time to its job's claim (its start) p50/p99 in s
+STORED = f"""
+with j as (
+    select j.event_id, extract(epoch from j.claimed_at) - {T0} as wait, {T0} as t0
+      from jobs j where j.event_id is not null
+)
+select width_bucket(t0 - %(start)s + 1e-5, %(bounds)s::float8[]) - 1 as w,
+       count(distinct event_id) as events, count(*) as jobs,
+       percentile_cont(0.5) within group (order by wait) as p50,
+       percentile_cont(0.99) within group (order by wait) as p99,
+       max(wait) as max
+  from j group by 1 order by 1
+"""
+#: every event stored has exactly one job (the mix makes one per delivery)
+ONE_JOB = """select count(*) filter (where n <> 1) from (
+    select e.id, (select count(*) from jobs j where j.event_id = e.id) as n from events e) x"""
+
+
+@dataclass
+class OpenMinute:
+    """One window of an open-loop run: what was offered, answered, stored, and how the machine fared."""
+
+    label: str
+    offered_rate: float
+    seconds: float
+    due: int = 0
+    answered_202: int = 0
+    other_answers: int = 0
+    no_answer: int = 0
+    resent: int = 0
+    stored: int = 0
+    jobs: int = 0
+    answer_p50_ms: float = 0.0
+    answer_p99_ms: float = 0.0
+    send_lag_p99_ms: float = 0.0
+    start_p50_ms: float = 0.0  # webhook (due) -> job claimed
+    start_p99_ms: float = 0.0
+    start_max_ms: float = 0.0
+    replies: int = 0
+    refused_429: int = 0
+    crm_calls: int = 0
+    rss_mb: float = 0.0
+    db_mb: float = 0.0
+    server_cpu_pct: float = 0.0
+    pg_cpu_pct: float = 0.0
+    others_busy_pct: float = 0.0
+    load_1min: float = 0.0
+    events: dict[str, int] = field(default_factory=dict)
+    lock_waits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every delivery answered 202 and stored once, its job started within a second (p99), no 429."""
+        return (self.other_answers == 0 and self.no_answer == 0 and self.answered_202 == self.due
+                and self.stored == self.answered_202 == self.jobs and self.start_p99_ms <= 1000
+                and self.refused_429 == 0)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def db_mb(admin_dsn: str, dbname: str) -> float:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        return int(conn.execute("select pg_database_size(%s)", (dbname,)).fetchone()[0]) / 2**20  # type: ignore[index]
+
+
+def stored_windows(dsn: str, start: float, bounds: list[float]) -> dict[int, tuple[int, int, float, float, float]]:
+    """Per window index (windows starting ``bounds`` seconds after ``start``, epoch s): events, jobs,
+    webhook->start p50, p99, max (s)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(STORED, {"start": start, "bounds": bounds}).fetchall()
+    return {r[0]: (r[1], r[2], r[3] or 0.0, r[4] or 0.0, r[5] or 0.0) for r in rows}
+
+
+class Machine:
+    """CPU and stub counters between two ``take``s: the server's, PostgreSQL's, the rest of the machine's."""
+
+    def __init__(self, pid: int, pg_pids: list[int], stats_url: str) -> None:
+        self.pid, self.pg_pids, self.stats_url = pid, pg_pids, stats_url
+        self.at = 0.0
+        self.cpu = self.pg = self.busy = self.own = 0.0
+        self.stats: dict[str, int] = {}
+
+    async def take(self) -> dict[str, float]:
+        from openloop import get_json
+
+        now = time.monotonic()
+        cpu, pg, busy = cpu_seconds(self.pid), postgres_cpu_seconds(self.pg_pids), system_busy_seconds()
+        own = sum(os.times()[:2])  # this process (the sender) and its threads
+        stats = await get_json(self.stats_url, "/_stats")
+        wall = now - self.at
+        cores = os.cpu_count() or 1
+        out = {"server": 100 * (cpu - self.cpu) / wall, "pg": 100 * (pg - self.pg) / wall,
+               "others": 100 * max(0.0, (busy - self.busy) - (cpu - self.cpu) - (pg - self.pg) - (own - self.own))
+               / wall / cores,
+               **{k: v - self.stats.get(k, 0) for k, v in stats.items()}} if self.at else {}
+        self.at, self.cpu, self.pg, self.busy, self.own, self.stats = now, cpu, pg, busy, own, stats
+        return out
+
+
+async def open_server(args: argparse.Namespace, folder: Path, dbname: str, tg_url: str, crm_url: str,
+                      log_path: Path) -> trio.Process:
+    """``autom run`` of this checkout with the bench App (sustained_app) on ``dbname``."""
+    from openloop import GITHUB_SECRET, STRIPE_SECRET
+
+    dsn = make_conninfo(args.admin_dsn, dbname=dbname)
+    env = process_env(dsn, tg_url, WORKERS=str(args.workers), LOG_LEVEL=args.log_level,
+                      GITHUB_WEBHOOK_SECRET=GITHUB_SECRET, STRIPE_WEBHOOK_SECRET=STRIPE_SECRET,
+                      AUTOM_APP="sustained_app:app")
+    env["SUSTAINED_CRM_URL"] = crm_url + "/crm"
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{HERE}"
+    with log_path.open("wb") as log_file:
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-m", "autom", "run"], env=env, cwd=str(folder),
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+
+
+async def drained(dsn: str, within: float) -> float | None:
+    """Seconds until no job is left unfinished (None: not ``within`` seconds)."""
+    t0 = time.monotonic()
+    with trio.move_on_after(within):
+        while True:  # polling the database: nothing to wait on here
+            if not await trio.to_thread.run_sync(count, dsn, BACKLOG):
+                return time.monotonic() - t0
+            await trio.sleep(0.2)
+    return None
+
+
+async def offer_windows(loop: Any, machine: Machine, sampler: ActivitySampler, rate: float,
+                        spans: list[tuple[str, float]], admin_dsn: str, dbname: str, pid: int,
+                        ) -> list[tuple[OpenMinute, Any]]:
+    """Offer ``rate`` for the spans (label, seconds) back to back; each span's window and machine figures."""
+    from openloop import Window
+
+    starts, offset = [], 0.0
+    for _, seconds in spans:
+        starts.append(offset)
+        offset += seconds
+    windows = [(start, Window()) for start in starts]
+    rows = [OpenMinute(label, rate, seconds) for label, seconds in spans]
+    async with trio.open_nursery() as nursery:
+        begun = trio.current_time()
+
+        async def sample() -> None:
+            await machine.take()
+            sampler.take()
+            for start, row in zip(starts, rows, strict=True):
+                await trio.sleep_until(begun + start + row.seconds)
+                m = await machine.take()
+                _, events, locks = sampler.take()
+                row.server_cpu_pct, row.pg_cpu_pct, row.others_busy_pct = m["server"], m["pg"], m["others"]
+                row.replies, row.refused_429, row.crm_calls = int(m["sent"]), int(m["refused"]), int(m["crm"])
+                row.rss_mb, row.db_mb = rss_mb(pid), await trio.to_thread.run_sync(db_mb, admin_dsn, dbname)
+                row.load_1min, row.events, row.lock_waits = os.getloadavg()[0], events, locks
+
+        nursery.start_soon(sample)
+        await loop.offer(rate, offset, windows)
+    return [(row, w) for row, (_, w) in zip(rows, windows, strict=True)]
+
+
+def fill(row: OpenMinute, window: Any, stored: tuple[int, int, float, float, float] | None) -> OpenMinute:
+    """The sender's and the database's figures of one window into its row."""
+    from openloop import percentile
+
+    row.due, row.answered_202 = window.due, window.accepted
+    row.other_answers = sum(n for status, n in window.answered.items() if status != 202)
+    row.no_answer, row.resent = window.errors, window.resent
+    row.answer_p50_ms = 1000 * percentile(window.latencies, 50)
+    row.answer_p99_ms = 1000 * percentile(window.latencies, 99)
+    row.send_lag_p99_ms = 1000 * percentile(window.lag, 99)
+    if stored is not None:
+        row.stored, row.jobs = stored[0], stored[1]
+        row.start_p50_ms, row.start_p99_ms, row.start_max_ms = (1000 * x for x in stored[2:])
+    return row
+
+
+def open_table(rows: list[OpenMinute]) -> str:
+    lines = ["| window | offered/s | due | 202 | stored | jobs | other/none | answer p50 / p99 ms | send lag p99 ms "
+             "| webhook→start p50 / p99 / max ms | replies | 429s | CRM calls | RSS MB | DB MB | server CPU % "
+             "| PG CPU % | others % | load | ok |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.label} | {r.offered_rate:.0f} | {r.due} | {r.answered_202} | {r.stored} | {r.jobs} | "
+                     f"{r.other_answers}/{r.no_answer} | {r.answer_p50_ms:.1f} / {r.answer_p99_ms:.1f} | "
+                     f"{r.send_lag_p99_ms:.1f} | {r.start_p50_ms:.1f} / {r.start_p99_ms:.1f} / {r.start_max_ms:.0f} | "
+                     f"{r.replies} | {r.refused_429} | {r.crm_calls} | {r.rss_mb:.0f} | {r.db_mb:.0f} | "
+                     f"{r.server_cpu_pct:.0f} | {r.pg_cpu_pct:.0f} | {r.others_busy_pct:.0f} | {r.load_1min:.1f} | "
+                     f"{'yes' if r.ok else 'NO'} |")
+    return "\n".join(lines)
+
+
+async def run_open(args: argparse.Namespace, folder: Path) -> int:
+    """``--rate`` (minutes at one offered rate) or ``--search`` (the highest rate that holds)."""
+    from openloop import Deliveries, OpenLoop
+
+    dbname = f"autom_sustained_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{dbname}"')
+    dsn = make_conninfo(args.admin_dsn, dbname=dbname)
+    log_path = folder / "open.server.log"
+    rows: list[OpenMinute] = []
+    stubs = await trio.lowlevel.open_process([sys.executable, str(HERE / "openloop.py"), "stubs"],
+                                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc: trio.Process | None = None
+    try:
+        assert stubs.stdout is not None
+        with trio.fail_after(30):
+            ready = (await stubs.stdout.receive_some(4096)).decode().split()
+        if not ready or ready[0] != "READY":
+            raise RuntimeError(f"the stubs did not start: {ready}")
+        tg_url, crm_url = ready[1], ready[2]
+        proc = await open_server(args, folder, dbname, tg_url, crm_url, log_path)
+        url = await wait_serving(proc, log_path)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        print(f"autom run pid {proc.pid} at {url} (AUTOM_APP=sustained_app:app); stubs {tg_url} {crm_url}",
+              flush=True)
+        loop = OpenLoop(host, int(port), Deliveries(f"{host}:{port}", TG_SECRET, SITE_SECRET, args.chats, args.seed),
+                        args.max_connections)
+        machine = Machine(proc.pid, postgres_pids(args.admin_dsn, dbname), crm_url)
+        sampler = ActivitySampler(args.admin_dsn, dbname)
+        sampler.start()
+        try:
+            failed = math.inf
+            if args.search:
+                rate, passed = args.rate or args.search_from, 0.0
+                steps = 0
+                while steps < args.search_steps:
+                    steps += 1
+                    label = f"step {steps}"
+                    [(row, window)] = await offer_windows(loop, machine, sampler, rate, [(label, args.step_seconds)],
+                                                          args.admin_dsn, dbname, proc.pid)
+                    took = await drained(dsn, args.drain_timeout)
+                    stored = await trio.to_thread.run_sync(stored_windows, dsn, loop.wall_start, [0.0])
+                    rows.append(fill(row, window, stored.get(0)))
+                    ok = row.ok and took is not None
+                    print(open_line(row, took), flush=True)
+                    if ok:
+                        passed = max(passed, rate)
+                    else:
+                        failed = min(failed, rate)
+                    if failed == math.inf:
+                        rate = rate * args.search_factor
+                    elif failed - passed <= max(10.0, 0.05 * failed):
+                        break
+                    else:
+                        rate = (passed + failed) / 2 if passed else failed / 2
+                    if took is None:  # a backlog left: the next step would inherit it
+                        break
+                sustained = passed
+            else:
+                spans = [("warm-up", args.warmup)] + [(f"min {m}", args.minute_seconds)
+                                                     for m in range(1, args.minutes + 1)]
+                pairs = await offer_windows(loop, machine, sampler, args.rate, spans, args.admin_dsn, dbname,
+                                            proc.pid)
+                took = await drained(dsn, args.drain_timeout)
+                bounds = list(itertools.accumulate([0.0] + [s for _, s in spans[:-1]]))
+                stored = await trio.to_thread.run_sync(stored_windows, dsn, loop.wall_start, bounds)
+                for k, (row, window) in enumerate(pairs):
+                    rows.append(fill(row, window, stored.get(k)))
+                    print(open_line(row, took if k == len(pairs) - 1 else 0.0), flush=True)
+                measured = rows[1:]
+                sustained = args.rate if took is not None and all(r.ok for r in measured) else 0.0
+        finally:
+            sampler.stop()
+            await loop.aclose()
+        events = await trio.to_thread.run_sync(count, dsn, "select count(*) from events")
+        answered = sum(r.answered_202 for r in rows)
+        not_one = await trio.to_thread.run_sync(count, dsn, ONE_JOB)
+        proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(60):
+            await proc.wait()
+        once = events == answered and not_one == 0
+        text = open_table(rows)
+        (folder / "table.md").write_text(text + "\n")
+        with (folder / "windows.jsonl").open("w") as f:
+            for r in rows:
+                f.write(json.dumps(asdict(r)) + "\n")
+        print()
+        print(text)
+        print()
+        print(f"exactly once: {events} events for {answered} answers 202, events without exactly one job: "
+              f"{not_one}; server exit {proc.returncode}; output in {folder}")
+        ok = once and proc.returncode == 0
+        mode = (f"rate search, {args.step_seconds:g} s steps" if args.search
+                else f"{args.minutes} x {args.minute_seconds:g} s at {args.rate:g}/s offered")
+        bound = "; no step failed: a lower bound" if args.search and sustained and failed == math.inf else ""
+        print(f"sustained: {sustained:.0f} deliveries/s ({mode}; mixed sources, open loop{bound})"
+              f"{'' if ok else '; CHECKS FAILED'}")
+        return 0 if ok and sustained > 0 else 1
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        stubs.send_signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await stubs.wait()
+        if stubs.returncode is None:
+            stubs.kill()
+        with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{dbname}" with (force)')
+
+
+def open_line(r: OpenMinute, drained_s: float | None) -> str:
+    return (f"  {r.label}: offered {r.offered_rate:.0f}/s, {r.answered_202}/{r.due} answered 202, stored "
+            f"{r.stored} (jobs {r.jobs}), answer p50 {r.answer_p50_ms:.1f} p99 {r.answer_p99_ms:.1f} ms, "
+            f"webhook->start p50 {r.start_p50_ms:.1f} p99 {r.start_p99_ms:.1f} ms, replies {r.replies}, "
+            f"429s {r.refused_429}, RSS {r.rss_mb:.0f} MB, DB {r.db_mb:.0f} MB, CPU server "
+            f"{r.server_cpu_pct:.0f}% pg {r.pg_cpu_pct:.0f}% others {r.others_busy_pct:.0f}%"
+            + ("" if drained_s is None else f", drained in {drained_s:.1f} s" if drained_s else "")
+            + ("" if r.ok else "  [FAILS]")
+            + (f"  locks {top(r.lock_waits, 2)}" if r.lock_waits else ""))
+
+
 def same_migrations(a: Path, b: Path) -> bool:
     """Whether two migrations folders hold the same files with the same text."""
     def texts(folder: Path) -> dict[str, str]:
@@ -414,8 +762,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admin-dsn", default=os.environ.get("AUTOM_BENCH_ADMIN_DSN", DEFAULT_ADMIN_DSN))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="open loop: offer this many mixed deliveries a second (issue 27's run), --minutes long")
+    parser.add_argument("--search", action="store_true",
+                        help="open loop: find the highest offered rate that holds (steps of --step-seconds)")
+    parser.add_argument("--search-from", type=float, default=100.0, help="--search: the first step's rate")
+    parser.add_argument("--search-factor", type=float, default=1.25, help="--search: each step's rate over the last's")
+    parser.add_argument("--search-steps", type=int, default=12, help="--search: most steps")
+    parser.add_argument("--step-seconds", type=float, default=30.0, help="--search: seconds per step")
+    parser.add_argument("--max-connections", type=int, default=512, help="open loop: most connections at once")
+    parser.add_argument("--seed", type=int, default=1, help="open loop: the mix's random seed")
     args = parser.parse_args(argv)
-    if shutil.which("wrk") is None:
+    open_loop = args.rate is not None or args.search
+    if not open_loop and shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 1
     if args.base_src and not same_migrations(ROOT / "migrations", args.base_src / "migrations"):
@@ -425,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     folder = args.out or Path(tempfile.gettempdir()) / f"autom-sustained-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
-    return trio.run(run, args, folder)
+    return trio.run(run_open if open_loop else run, args, folder)
 
 
 if __name__ == "__main__":
