@@ -255,6 +255,7 @@ class Window:
     answered: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # status: count
     errors: int = 0  # no answer at all (after the resends)
     resent: int = 0
+    why: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # what a failed send ran into
     by_source: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # 202s
     latencies: list[float] = field(default_factory=list)  # s, from due to answer
     lag: list[float] = field(default_factory=list)  # s, from due to sent
@@ -294,12 +295,18 @@ class OpenLoop:
         source = self.deliveries.pick()
         async with self.slots:
             for attempt in range(3):
-                conn = await self._connection()
+                try:
+                    conn = await self._connection()
+                except OSError as exc:
+                    window.why[f"connect: {exc.strerror or type(exc).__name__}"] += 1
+                    window.resent += attempt < 2
+                    continue
                 sent = trio.current_time()
                 data = self.deliveries.build(i, source, due_wall)
                 try:
                     status = await conn.exchange(data)
-                except (Closed, OSError, trio.BrokenResourceError):
+                except (Closed, OSError, trio.BrokenResourceError) as exc:
+                    window.why[type(exc).__name__] += 1
                     await conn.stream.aclose()
                     window.resent += attempt < 2
                     continue

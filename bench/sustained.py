@@ -451,6 +451,7 @@ class OpenMinute:
     other_answers: int = 0
     no_answer: int = 0
     resent: int = 0
+    send_failures: dict[str, int] = field(default_factory=dict)  # what a failed send ran into: count
     stored: int = 0
     jobs: int = 0
     answer_p50_ms: float = 0.0
@@ -591,7 +592,7 @@ def fill(row: OpenMinute, window: Any, stored: tuple[int, int, float, float, flo
 
     row.due, row.answered_202 = window.due, window.accepted
     row.other_answers = sum(n for status, n in window.answered.items() if status != 202)
-    row.no_answer, row.resent = window.errors, window.resent
+    row.no_answer, row.resent, row.send_failures = window.errors, window.resent, dict(window.why)
     row.answer_p50_ms = 1000 * percentile(window.latencies, 50)
     row.answer_p99_ms = 1000 * percentile(window.latencies, 99)
     row.send_lag_p99_ms = 1000 * percentile(window.lag, 99)
@@ -735,6 +736,7 @@ def open_line(r: OpenMinute, drained_s: float | None) -> str:
             f"{r.server_cpu_pct:.0f}% pg {r.pg_cpu_pct:.0f}% others {r.others_busy_pct:.0f}%"
             + ("" if drained_s is None else f", drained in {drained_s:.1f} s" if drained_s else "")
             + ("" if r.ok else "  [FAILS]")
+            + (f"  resent {r.resent}, failed sends {top(r.send_failures, 3)}" if r.send_failures else "")
             + (f"  locks {top(r.lock_waits, 2)}" if r.lock_waits else ""))
 
 
