@@ -17,7 +17,10 @@ answered 202, stored (events, by the due time each carries) and their jobs, the 
 answer p50/p99, webhook → job start p50/p99/max (the job's ``claimed_at`` minus the
 delivery's due time), replies the Telegram stub accepted, 429s it gave (goal 0), CRM
 calls, the server's RSS, the database's size, the CPU of the server and PostgreSQL and
-the rest of the machine (the stubs included), the wait events sampled as below. A
+the rest of the machine (the stubs included), the wait events sampled as below.
+``--split`` runs two processes instead of one, ROLE=intake (the deliveries go there)
+and ROLE=worker (the jobs), their RSS and CPU summed: one Python process is one core
+at most, and this machine has two. A
 window holds when every delivery due in it was answered 202 and stored once with one
 job, the start's p99 is at most 1 s and no 429 came. After the load: the backlog
 drains, and every event has exactly one job and the events equal the 202s. ``--rate``'s
@@ -473,6 +476,11 @@ class OpenMinute:
     lock_waits: dict[str, int] = field(default_factory=dict)
 
     @property
+    def server_ms(self) -> float:
+        """The server's CPU per delivery due (ms): one process can give 1,000 ms a second."""
+        return self.server_cpu_pct * 10 * self.seconds / self.due if self.due else 0.0
+
+    @property
     def ok(self) -> bool:
         """Every delivery answered 202 and stored once, its job started within a second (p99), no 429."""
         return (self.other_answers == 0 and self.no_answer == 0 and self.answered_202 == self.due
@@ -480,11 +488,14 @@ class OpenMinute:
                 and self.refused_429 == 0)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def rss_mb(pids: list[int]) -> float:
+    """The resident memory of these processes together (MB)."""
+    total = 0.0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 def db_mb(admin_dsn: str, dbname: str) -> float:
@@ -501,10 +512,10 @@ def stored_windows(dsn: str, start: float, bounds: list[float]) -> dict[int, tup
 
 
 class Machine:
-    """CPU and stub counters between two ``take``s: the server's, PostgreSQL's, the rest of the machine's."""
+    """CPU and stub counters between two ``take``s: the servers', PostgreSQL's, the rest of the machine's."""
 
-    def __init__(self, pid: int, pg_pids: list[int], stats_url: str) -> None:
-        self.pid, self.pg_pids, self.stats_url = pid, pg_pids, stats_url
+    def __init__(self, pids: list[int], pg_pids: list[int], stats_url: str) -> None:
+        self.pids, self.pg_pids, self.stats_url = pids, pg_pids, stats_url
         self.at = 0.0
         self.cpu = self.pg = self.busy = self.own = 0.0
         self.stats: dict[str, int] = {}
@@ -513,7 +524,7 @@ class Machine:
         from openloop import get_json
 
         now = time.monotonic()
-        cpu, pg, busy = cpu_seconds(self.pid), postgres_cpu_seconds(self.pg_pids), system_busy_seconds()
+        cpu, pg, busy = postgres_cpu_seconds(self.pids), postgres_cpu_seconds(self.pg_pids), system_busy_seconds()
         own = sum(os.times()[:2])  # this process (the sender) and its threads
         stats = await get_json(self.stats_url, "/_stats")
         wall = now - self.at
@@ -527,19 +538,20 @@ class Machine:
 
 
 async def open_server(args: argparse.Namespace, folder: Path, dbname: str, tg_url: str, crm_url: str,
-                      log_path: Path) -> trio.Process:
-    """``autom run`` of this checkout with the bench App (sustained_app) on ``dbname``."""
+                      log_path: Path, role: str) -> trio.Process:
+    """``autom run`` of this checkout with the bench App (sustained_app) on ``dbname``, in ``role``."""
     from openloop import GITHUB_SECRET, STRIPE_SECRET
 
     dsn = make_conninfo(args.admin_dsn, dbname=dbname)
     env = process_env(dsn, tg_url, WORKERS=str(args.workers), LOG_LEVEL=args.log_level,
                       GITHUB_WEBHOOK_SECRET=GITHUB_SECRET, STRIPE_WEBHOOK_SECRET=STRIPE_SECRET,
-                      AUTOM_APP="sustained_app:app")
+                      AUTOM_APP="sustained_app:app", ROLE=role)
     env["SUSTAINED_CRM_URL"] = crm_url + "/crm"
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{HERE}"
+    profile = ["-m", "cProfile", "-o", str(log_path.with_suffix(".prof"))] if args.profile else []
     with log_path.open("wb") as log_file:
         return await trio.lowlevel.open_process(
-            [sys.executable, "-m", "autom", "run"], env=env, cwd=str(folder),
+            [sys.executable, *profile, "-m", "autom", "run"], env=env, cwd=str(folder),
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
 
 
@@ -555,7 +567,7 @@ async def drained(dsn: str, within: float) -> float | None:
 
 
 async def offer_windows(loop: Any, machine: Machine, sampler: ActivitySampler, rate: float,
-                        spans: list[tuple[str, float]], admin_dsn: str, dbname: str, pid: int,
+                        spans: list[tuple[str, float]], admin_dsn: str, dbname: str, pids: list[int],
                         ) -> list[tuple[OpenMinute, Any]]:
     """Offer ``rate`` for the spans (label, seconds) back to back; each span's window and machine figures."""
     from openloop import Window
@@ -578,7 +590,7 @@ async def offer_windows(loop: Any, machine: Machine, sampler: ActivitySampler, r
                 _, events, locks = sampler.take()
                 row.server_cpu_pct, row.pg_cpu_pct, row.others_busy_pct = m["server"], m["pg"], m["others"]
                 row.replies, row.refused_429, row.crm_calls = int(m["sent"]), int(m["refused"]), int(m["crm"])
-                row.rss_mb, row.db_mb = rss_mb(pid), await trio.to_thread.run_sync(db_mb, admin_dsn, dbname)
+                row.rss_mb, row.db_mb = rss_mb(pids), await trio.to_thread.run_sync(db_mb, admin_dsn, dbname)
                 row.load_1min, row.events, row.lock_waits = os.getloadavg()[0], events, locks
 
         nursery.start_soon(sample)
@@ -605,14 +617,15 @@ def fill(row: OpenMinute, window: Any, stored: tuple[int, int, float, float, flo
 def open_table(rows: list[OpenMinute]) -> str:
     lines = ["| window | offered/s | due | 202 | stored | jobs | other/none | answer p50 / p99 ms | send lag p99 ms "
              "| webhook→start p50 / p99 / max ms | replies | 429s | CRM calls | RSS MB | DB MB | server CPU % "
-             "| PG CPU % | others % | load | ok |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| server ms/delivery | PG CPU % | others % | load | ok |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r.label} | {r.offered_rate:.0f} | {r.due} | {r.answered_202} | {r.stored} | {r.jobs} | "
                      f"{r.other_answers}/{r.no_answer} | {r.answer_p50_ms:.1f} / {r.answer_p99_ms:.1f} | "
                      f"{r.send_lag_p99_ms:.1f} | {r.start_p50_ms:.1f} / {r.start_p99_ms:.1f} / {r.start_max_ms:.0f} | "
                      f"{r.replies} | {r.refused_429} | {r.crm_calls} | {r.rss_mb:.0f} | {r.db_mb:.0f} | "
-                     f"{r.server_cpu_pct:.0f} | {r.pg_cpu_pct:.0f} | {r.others_busy_pct:.0f} | {r.load_1min:.1f} | "
+                     f"{r.server_cpu_pct:.0f} | {r.server_ms:.2f} | {r.pg_cpu_pct:.0f} | {r.others_busy_pct:.0f} | "
+                     f"{r.load_1min:.1f} | "
                      f"{'yes' if r.ok else 'NO'} |")
     return "\n".join(lines)
 
@@ -625,26 +638,37 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
     with psycopg.connect(args.admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{dbname}"')
     dsn = make_conninfo(args.admin_dsn, dbname=dbname)
-    log_path = folder / "open.server.log"
     rows: list[OpenMinute] = []
     stubs = await trio.lowlevel.open_process([sys.executable, str(HERE / "openloop.py"), "stubs"],
                                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    proc: trio.Process | None = None
+    procs: list[trio.Process] = []
     try:
         assert stubs.stdout is not None
+        line = b""
         with trio.fail_after(30):
-            ready = (await stubs.stdout.receive_some(4096)).decode().split()
+            while not line.endswith(b"\n"):
+                chunk = await stubs.stdout.receive_some(4096)
+                if not chunk:
+                    break
+                line += chunk
+        ready = line.decode().split()
         if not ready or ready[0] != "READY":
             raise RuntimeError(f"the stubs did not start: {ready}")
         tg_url, crm_url = ready[1], ready[2]
-        proc = await open_server(args, folder, dbname, tg_url, crm_url, log_path)
-        url = await wait_serving(proc, log_path)
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        print(f"autom run pid {proc.pid} at {url} (AUTOM_APP=sustained_app:app); stubs {tg_url} {crm_url}",
-              flush=True)
+        # --split: the deliveries go to a ROLE=intake process, a ROLE=worker one runs the jobs
+        urls = []
+        for role in (["intake", "worker"] if args.split else ["all"]):
+            log_path = folder / f"open.{role}.log"
+            procs.append(await open_server(args, folder, dbname, tg_url, crm_url, log_path, role))
+            urls.append(await wait_serving(procs[-1], log_path))
+            print(f"autom run ROLE={role} pid {procs[-1].pid} at {urls[-1]} (AUTOM_APP=sustained_app:app)",
+                  flush=True)
+        print(f"stubs: Telegram {tg_url}, CRM {crm_url}", flush=True)
+        pids = [p.pid for p in procs]
+        host, port = urls[0].removeprefix("http://").rsplit(":", 1)
         loop = OpenLoop(host, int(port), Deliveries(f"{host}:{port}", TG_SECRET, SITE_SECRET, args.chats, args.seed),
                         args.max_connections)
-        machine = Machine(proc.pid, postgres_pids(args.admin_dsn, dbname), crm_url)
+        machine = Machine(pids, postgres_pids(args.admin_dsn, dbname), crm_url)
         sampler = ActivitySampler(args.admin_dsn, dbname)
         sampler.start()
         try:
@@ -656,7 +680,7 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
                     steps += 1
                     label = f"step {steps}"
                     [(row, window)] = await offer_windows(loop, machine, sampler, rate, [(label, args.step_seconds)],
-                                                          args.admin_dsn, dbname, proc.pid)
+                                                          args.admin_dsn, dbname, pids)
                     took = await drained(dsn, args.drain_timeout)
                     stored = await trio.to_thread.run_sync(stored_windows, dsn, loop.wall_start, [0.0])
                     rows.append(fill(row, window, stored.get(0)))
@@ -679,7 +703,7 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
                 spans = [("warm-up", args.warmup)] + [(f"min {m}", args.minute_seconds)
                                                      for m in range(1, args.minutes + 1)]
                 pairs = await offer_windows(loop, machine, sampler, args.rate, spans, args.admin_dsn, dbname,
-                                            proc.pid)
+                                            pids)
                 took = await drained(dsn, args.drain_timeout)
                 bounds = list(itertools.accumulate([0.0] + [s for _, s in spans[:-1]]))
                 stored = await trio.to_thread.run_sync(stored_windows, dsn, loop.wall_start, bounds)
@@ -694,9 +718,12 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         events = await trio.to_thread.run_sync(count, dsn, "select count(*) from events")
         answered = sum(r.answered_202 for r in rows)
         not_one = await trio.to_thread.run_sync(count, dsn, ONE_JOB)
-        proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
         with trio.move_on_after(60):
-            await proc.wait()
+            for proc in procs:
+                await proc.wait()
+        exits = [proc.returncode for proc in procs]
         once = events == answered and not_one == 0
         text = open_table(rows)
         (folder / "table.md").write_text(text + "\n")
@@ -707,18 +734,20 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         print(text)
         print()
         print(f"exactly once: {events} events for {answered} answers 202, events without exactly one job: "
-              f"{not_one}; server exit {proc.returncode}; output in {folder}")
-        ok = once and proc.returncode == 0
+              f"{not_one}; server exit {exits}; output in {folder}")
+        ok = once and exits == [0] * len(procs)
         mode = (f"rate search, {args.step_seconds:g} s steps" if args.search
                 else f"{args.minutes} x {args.minute_seconds:g} s at {args.rate:g}/s offered")
+        mode = ("intake and worker processes, " if args.split else "") + mode
         bound = "; no step failed: a lower bound" if args.search and sustained and failed == math.inf else ""
         print(f"sustained: {sustained:.0f} deliveries/s ({mode}; mixed sources, open loop{bound})"
               f"{'' if ok else '; CHECKS FAILED'}")
         return 0 if ok and sustained > 0 else 1
     finally:
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         stubs.send_signal(signal.SIGTERM)
         with trio.move_on_after(10):
             await stubs.wait()
@@ -733,7 +762,8 @@ def open_line(r: OpenMinute, drained_s: float | None) -> str:
             f"{r.stored} (jobs {r.jobs}), answer p50 {r.answer_p50_ms:.1f} p99 {r.answer_p99_ms:.1f} ms, "
             f"webhook->start p50 {r.start_p50_ms:.1f} p99 {r.start_p99_ms:.1f} ms, replies {r.replies}, "
             f"429s {r.refused_429}, RSS {r.rss_mb:.0f} MB, DB {r.db_mb:.0f} MB, CPU server "
-            f"{r.server_cpu_pct:.0f}% pg {r.pg_cpu_pct:.0f}% others {r.others_busy_pct:.0f}%"
+            f"{r.server_cpu_pct:.0f}% ({r.server_ms:.2f} ms a delivery) pg {r.pg_cpu_pct:.0f}% "
+            f"others {r.others_busy_pct:.0f}%"
             + ("" if drained_s is None else f", drained in {drained_s:.1f} s" if drained_s else "")
             + ("" if r.ok else "  [FAILS]")
             + (f"  resent {r.resent}, failed sends {top(r.send_failures, 3)}" if r.send_failures else "")
@@ -774,6 +804,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=30.0, help="--search: seconds per step")
     parser.add_argument("--max-connections", type=int, default=512, help="open loop: most connections at once")
     parser.add_argument("--seed", type=int, default=1, help="open loop: the mix's random seed")
+    parser.add_argument("--profile", action="store_true",
+                        help="open loop: run the server(s) under cProfile (open.ROLE.prof in --out; pstats reads it)")
+    parser.add_argument("--split", action="store_true",
+                        help="open loop: two processes, ROLE=intake (the deliveries) and ROLE=worker (the jobs)")
     args = parser.parse_args(argv)
     open_loop = args.rate is not None or args.search
     if not open_loop and shutil.which("wrk") is None:
