@@ -33,8 +33,14 @@ from autom.config import Settings
 from autom.deps import Deps
 from autom.errors import AddressInUse
 
-#: Idle keep-alive connections are closed after this many seconds.
-KEEP_ALIVE_TIMEOUT = 5.0
+#: Idle keep-alive connections are closed after this many seconds: longer than the clients
+#: and proxies that reuse connections keep theirs idle (httpx 5 s, Go's net/http 90 s,
+#: Caddy's reverse_proxy 120 s (measured), nginx upstreams and AWS load balancers 60 s),
+#: so they close first. At hypercorn's 5 s (ours before), a sender keeping them 5 s
+#: sometimes reused one just as the server closed it: no answer (RemoteProtocolError).
+#: Hypercorn's idle timer also bounds the wait for a request's head (from the connection's
+#: start, or the last answer): a slow head gets this long. Shutdown closes idle ones at once.
+KEEP_ALIVE_TIMEOUT = 130.0
 #: Longest the rest of an unread request body may take to arrive once the answer is ready.
 DRAIN_TIMEOUT = 5.0
 #: Longest requests in flight get at shutdown (capped by SHUTDOWN_GRACE_SECONDS).
