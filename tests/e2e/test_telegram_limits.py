@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from tests.support.processes import autom_processes
@@ -142,26 +143,27 @@ async def test_a_chat_telegram_refuses_for_ever_fails_for_good_after_max_defer_s
     assert "job failed for good: deferred for more than 3 s" in log
 
 
+@pytest.mark.parametrize("messages", [16, pytest.param(200, marks=pytest.mark.slow)])
 async def test_one_chats_backlog_goes_out_at_its_rate_in_order_with_about_one_claim_per_message(
-    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub
+    dsn: str, db: Any, tmp_path: Path, telegram_stub: TelegramStub, messages: int
 ) -> None:
     """A chat's backlog waits for its slots without being claimed again and again (migrations/0026).
 
-    The issue's test is 200 messages for one chat at TELEGRAM_CHAT_RATE=1: every one sent
-    once, in order, one a second, fewer than 250 claims. This is the same at the same rate
-    (a one-second chat interval: longer than the workers' poll, so a job claimed before its
-    slot would show as a claim too many) with 16 messages instead of 200: the claims per
-    message are what the issue measures, and they do not grow with the backlog (each job
-    waits for its slot once, whatever its place). About 16 s."""
+    Issue 31's test: 200 messages for one chat at TELEGRAM_CHAT_RATE=1 are sent once each,
+    in order, one a second, with fewer than 250 claims (a one-second chat interval is longer
+    than the workers' poll, so a job claimed before its slot shows as a claim too many).
+    200 takes over 200 s: marked slow (run after the suite, `python -m pytest -m slow`);
+    the main suite runs the same with 16 (about 16 s): the claims per message do not grow
+    with the backlog (each job waits for its slot once, whatever its place)."""
     from autom.jobs.models import NewJob
     from autom.jobs.store import JobStore
 
-    messages, rate = 16, 1
+    rate = 1
     async with autom_processes(tmp_path) as procs:
         proc = await procs.start(dsn=dsn, telegram_url=telegram_stub.url, TELEGRAM_CHAT_RATE=str(rate), WORKERS="8")
         await JobStore(db).enqueue_many([NewJob("telegram.send", {"chat_id": 42, "text": f"m{n}"}, recipient="42")
                                          for n in range(messages)])
-        with trio.fail_after(60):
+        with trio.fail_after(messages / rate + 45):
             calls = await telegram_stub.wait_for_calls(messages, method="sendMessage", chat_id=42)
         await wait_until(lambda: _sent(db, messages), timeout=10)
         proc.terminate()
@@ -170,7 +172,7 @@ async def test_one_chats_backlog_goes_out_at_its_rate_in_order_with_about_one_cl
     # one a second, never faster (half a second of slack: a request held up in a busy process)
     assert over_the_limit([c.time for c in calls], rate=rate, burst=1, slack=0.5) == []
     claims = await db.fetch_val("select sum(autom_lease_generation(lease)) from jobs where kind = 'telegram.send'")
-    assert claims <= 1.25 * messages, claims  # the issue's "fewer than 250 claims" for 200
+    assert claims < 1.25 * messages, claims  # the issue's "fewer than 250 claims" for 200
     assert await db.fetch_val("select count(*) from telegram_reservations") == 0
 
 
