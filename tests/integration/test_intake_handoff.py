@@ -68,7 +68,7 @@ async def job_state(db: Any, job_id: int) -> dict[str, Any]:
     row = await db.fetch_one(
         "select j.status, j.attempts, autom_lease_generation(j.lease) as lease, j.recipient, j.locked_until,"
         " j.claimed_at is not null and j.claimed_at = e.received_at as claimed_with_event,"
-        " j.xmin::text = e.xmin::text as same_row_version"
+        " j.xmin::text = e.xmin::text as same_row_version, j.claimed_by"
         " from jobs j join events e on e.id = j.event_id where j.id = %(id)s", {"id": job_id})
     assert row is not None
     return row
@@ -131,6 +131,9 @@ async def test_an_idle_pools_job_is_stored_claimed_and_runs_without_a_claim(db: 
         state = await job_state(db, job_id)
         assert state["status"] == "running" and state["attempts"] == 1 and state["lease"] == 1
         assert state["claimed_with_event"] and state["same_row_version"]
+        # no claimant, though the pool has one (its first claim): tests/e2e/test_roles.py tells a
+        # hand-off from a worker pool's claim by it
+        assert state["claimed_by"] is None and await db.fetch_val("select count(*) from worker_starts") == 1
         recipient = await db.fetch_one("select busy_job, busy_until from recipients where recipient = 'c1'")
         assert recipient == {"busy_job": job_id, "busy_until": state["locked_until"]}
         assert await notes.until_marker() == ["marker"]  # no NOTIFY for a job nobody else may claim
