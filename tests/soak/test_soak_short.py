@@ -28,7 +28,7 @@ from tests.support.telegram_stub import Reply, TelegramStub
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "bench" / "soak.py"
 CHECKS = ("intake", "redeliveries", "answers", "outcomes", "alerts", "fencing", "reruns", "limits", "processes")
-#: the soak's tests are ``slow``: not in ``python -m pytest`` (its chaos needs the machine to
+#: the soak's tests are ``slow``: not in ``python -m pytest -n 2`` (its chaos needs the machine to
 #: itself: replicas must restart within seconds), run alone after it (``python -m pytest -m slow``)
 #: the soak's own bound (run + drain + quiesce) is well under this; this only stops a hang
 TIMEOUT = 150
