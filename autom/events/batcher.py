@@ -17,7 +17,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import trio
-from trio.testing import wait_all_tasks_blocked
+
+# trio.testing's own function, from where it lives: importing trio.testing imports pytest when it
+# is installed (0.1 s of every start; tests/unit/test_import_cost.py)
+from trio._core import wait_all_tasks_blocked
 
 from autom.db.bridge import Database
 from autom.db.native import stop_by
