@@ -76,6 +76,8 @@ async def test_an_intake_and_a_worker_process_do_the_work_once(
     claimants = Counter(r["claimed_by"] for r in claims)
     assert len(claims) == len(updates) and len(claimants) == 1 and None not in claimants, (
         claimants, [r for r in claims if r["claimed_by"] is None])
+    # and never before its event: equal times pass (see above), an earlier claim would be a bug
+    assert [r for r in claims if r["claimed_at"] < r["received_at"]] == []
     sends_per_chat = Counter(int(c.params["chat_id"]) for c in stub.calls_of("sendMessage"))
     assert sends_per_chat == Counter({chat: 3 for chat in chats})  # each job once: one pong each
 
