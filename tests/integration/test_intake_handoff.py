@@ -224,6 +224,38 @@ async def test_a_job_the_claim_would_not_take_now_falls_back_to_the_ordinary_sto
         assert await claim_one(store) is None
 
 
+async def test_a_handed_off_job_takes_its_own_max_attempts_else_its_kinds_else_8(db: Any) -> None:
+    """The hand-off reads the kind's max_attempts only for a job that names none (migrations/0035:
+    a statement of its own, so the job's insert keeps one plan); each job is handed off."""
+    await db.execute("insert into kinds (kind, max_attempts) values ('registered', 3)")
+    store = JobStore(db)
+    taker = Taker(store)
+    batcher = StoreBatcher(db, handoff=taker)
+    cases = [(NewJob("registered", recipient="a"), 3), (NewJob("registered", recipient="b", max_attempts=5), 5),
+             (NewJob("unknown", recipient="c"), 8)]
+    for n, (job, _) in enumerate(cases, 1):
+        stored = await batcher.deliver(delivery(n, job))
+        assert stored.handed == 1
+        assert await complete(store, taker.taken[-1][0])
+    assert [job.max_attempts for job, _ in taker.taken] == [want for _, want in cases]
+    rows = await db.fetch_all("select max_attempts from jobs order by id")
+    assert [r["max_attempts"] for r in rows] == [want for _, want in cases]
+
+
+async def test_a_handed_off_telegram_update_clears_its_chats_blocked_mark(db: Any) -> None:
+    """jobs_telegram_chat_seen (migrations/0020, 0024) fires for a job stored claimed too."""
+    await db.execute("insert into telegram_blocked (chat_id, reason) values ('77', 'test'), ('78', 'test')")
+    store = JobStore(db)
+    taker = Taker(store)
+    batcher = StoreBatcher(db, handoff=taker)
+    params = store_params("telegram", HEADERS, json.dumps({"update_id": 1}), "1",
+                          [NewJob("telegram.message", {"chat_id": 77, "text": "hi"}, recipient="77")])
+    stored = await batcher.deliver(params)
+    assert stored.handed == 1
+    rows = await db.fetch_all("select chat_id from telegram_blocked order by chat_id")
+    assert [r["chat_id"] for r in rows] == ["78"]
+
+
 async def test_a_redelivery_is_a_duplicate_and_hands_off_nothing(db: Any) -> None:
     store = JobStore(db)
     taker = Taker(store)

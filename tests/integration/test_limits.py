@@ -92,6 +92,27 @@ async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only
         await SendLimiter(db, chat_rate=1.0, global_rate=30.0).acquire(42)
 
 
+@pytest.mark.parametrize("job", [False, True])
+async def test_a_send_writes_the_budgets_row_once(db: Any, job: bool) -> None:
+    """The take writes the bot's budget (the slot's and the sends made's) in one update
+    (migrations/0035; two before, each planned anew at every send), and reads the same
+    budget back: the next send of the burst goes at once, the one after it waits."""
+    from autom.db.queries import Q
+
+    job_id = await _job(db, "hi") if job else None
+    params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 1.0, "burst": 3.0,
+              "priority": False, "job": job_id, "line": "42" if job else None, "line_kinds": ["telegram.send"]}
+    async with db.transaction() as tx:
+        assert await tx.fetch_val(Q.telegram_acquire, params) == 0
+        updates = await tx.fetch_val("select n_tup_upd from pg_stat_xact_user_tables where relname = 'telegram_budget'")
+        assert updates == 1
+    budget = await db.fetch_one(
+        "select tat > now() as spent, sent_tat > now() as sent, flood_sent from telegram_budget")
+    assert budget == {"spent": True, "sent": True, "flood_sent": 1.0}
+    assert await db.fetch_val(Q.telegram_acquire, {**params, "chat": "43", "job": None, "line": None}) == 0
+    assert await db.fetch_val(Q.telegram_acquire, {**params, "chat": "44", "job": None, "line": None}) > 0
+
+
 async def _job(db: Any, text: str, *, recipient: str | None = "42", kind: str = "telegram.send") -> int:
     from autom.jobs.models import NewJob
     from autom.jobs.store import JobStore
