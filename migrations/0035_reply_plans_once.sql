@@ -19,10 +19,15 @@
 --   the function and written once, with plain values (one row version and one WAL
 --   record less for a send that goes at once).
 --
+-- And the take moved the next job of the sender's line (0026) with one update of jobs
+-- whose where clause found that job: an update of jobs opens all of its indexes before
+-- it looks for a row, ~100,000 instructions at every send, and most sends have no job
+-- behind them. Now the next job is read first and updated only if there is one.
+--
 -- Together 2.58 million instructions of PostgreSQL for the hand-off and the take of one
--- reply before, 1.86 million after. Same statements, same results, same locks (the
--- budget's row is locked first, by the select, as before); the bodies are 0029's and
--- 0033's with those changes only.
+-- reply before, ~1.76 million after (b288e25's: 1.42 million). Same results, same locks
+-- (the budget's row is locked first, by the select, as before); the bodies are 0029's
+-- and 0033's with those changes only.
 
 create or replace function autom_intake_store_handoff(p_source text, p_headers jsonb, p_body text, p_dedup_key text,
                                            p_jobs jsonb, p_token uuid, p_lease_seconds float8)
@@ -132,6 +137,7 @@ declare
     decay float8;
     sent_at timestamptz;  -- when the sends made leave room for `parts` more (alerts: now)
     spent interval := make_interval(secs => parts * global_interval);  -- what `parts` sends take of the budget
+    behind bigint;  -- the next job of the job's line
 begin
     wait := 0;
     reason := null;
@@ -221,13 +227,17 @@ begin
         if taken then  -- else chat_next is the chat's next slot, written above
             select c.next_send_at into chat_next from telegram_chats c where c.chat_id = chat;
         end if;
-        update jobs j set queued_at = coalesce(j.queued_at, j.run_at), run_at = chat_next, updated_at = t
-         where j.id = (select h.id from jobs h
-                        where h.recipient = line and h.due_at is not null and h.id <> job
-                        order by coalesce(h.queued_at, h.run_at), h.id
-                        limit 1)
-           and j.status = 'pending' and j.kind = any (line_kinds) and j.run_at < chat_next;
-        get diagnostics moved = row_count;
+        -- the line's next job, read first: an update of jobs starts by opening every index
+        -- of jobs, whether a row matches or not, and most sends have no job behind them
+        select h.id into behind from jobs h
+         where h.recipient = line and h.due_at is not null and h.id <> job
+         order by coalesce(h.queued_at, h.run_at), h.id
+         limit 1;
+        if behind is not null then
+            update jobs j set queued_at = coalesce(j.queued_at, j.run_at), run_at = chat_next, updated_at = t
+             where j.id = behind and j.status = 'pending' and j.kind = any (line_kinds) and j.run_at < chat_next;
+            get diagnostics moved = row_count;
+        end if;
         if moved > 0 then
             line_in := extract(epoch from chat_next - t);
         end if;
