@@ -1,12 +1,12 @@
 """The webhook → reply path's statements alone, in PostgreSQL: migrations up to N against all of them.
 
-    .venv/bin/python bench/reply_sql.py [--upto 34] [--n 1500] [--rounds 3] [--wal 30]
+    .venv/bin/python bench/reply_sql.py [--upto N] [--n 1500] [--rounds 3] [--wal 30]
                                         [--setup-sql FILE] [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
 
-Makes two throwaway databases on ``--dsn``'s server, one migrated up to ``--upto`` and
-one with every migration, and runs on each, from one connection, the statements an
-idle ``autom run`` sends for one Telegram ``/ping`` (bench/reply.py), with the
-parameters it sends (as the server's log shows them):
+Makes two throwaway databases on ``--dsn``'s server, one migrated up to ``--upto`` (by
+default the migration before the last) and one with every migration, and runs on each,
+from one connection, the statements an idle ``autom run`` sends for one Telegram
+``/ping`` (bench/reply.py), with the parameters it sends (as the server's log shows them):
 
 1. ``intake_store_handoff``: the update's event and its job, stored claimed (before the 202);
 2. ``telegram_acquire``: the reply's send right (Telegram's limits, migrations/0009-0033),
@@ -125,13 +125,16 @@ def main() -> None:
     """Run the comparison and print one JSON line per database and statement."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--upto", type=int, default=34, help="the older database's last migration")
+    parser.add_argument("--upto", type=int, default=None,
+                        help="the older database's last migration (default: the one before the last)")
     parser.add_argument("--n", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wal", type=int, default=30, help="updates at the end whose WAL is counted")
     parser.add_argument("--setup-sql", default=None, help="SQL run in the newer database after its migrations"
                         " (a variant to try before it is a migration)")
     args = parser.parse_args()
+    if args.upto is None:
+        args.upto = [m.version for m in available_migrations()][-2]
     tag = uuid.uuid4().hex[:6]
     names = {f"upto {args.upto}": f"autom_reply_sql_old_{tag}", "all": f"autom_reply_sql_new_{tag}"}
     uptos = {f"upto {args.upto}": args.upto, "all": None}

@@ -225,7 +225,7 @@ async def test_a_job_the_claim_would_not_take_now_falls_back_to_the_ordinary_sto
 
 
 async def test_a_handed_off_job_takes_its_own_max_attempts_else_its_kinds_else_8(db: Any) -> None:
-    """The hand-off reads the kind's max_attempts only for a job that names none (migrations/0035:
+    """The hand-off reads the kind's max_attempts only for a job that names none (migrations/0036:
     a statement of its own, so the job's insert keeps one plan); each job is handed off."""
     await db.execute("insert into kinds (kind, max_attempts) values ('registered', 3)")
     store = JobStore(db)

@@ -95,7 +95,7 @@ async def test_a_reservation_commits_asynchronously_for_its_own_transaction_only
 @pytest.mark.parametrize("job", [False, True])
 async def test_a_send_writes_the_budgets_row_once(db: Any, job: bool) -> None:
     """The take writes the bot's budget (the slot's and the sends made's) in one update
-    (migrations/0035; two before, each planned anew at every send), and reads the same
+    (migrations/0036; two before, each planned anew at every send), and reads the same
     budget back: the next send of the burst goes at once, the one after it waits."""
     from autom.db.queries import Q
 

@@ -1,4 +1,4 @@
--- 0035: the reply's two functions plan once per connection, not at every call (issues 22/27).
+-- 0036: the reply's two functions plan once per connection, not at every call (issues 22/27).
 --
 -- A PL/pgSQL statement with arguments in it is planned from a cached plan source: five
 -- "custom" plans (the arguments folded in as constants), then the generic plan if it is
