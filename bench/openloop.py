@@ -10,8 +10,8 @@ new (a new update id, delivery id, event id, form id) and signed as its sender s
 Each carries its ``t0`` (: in the message text after the command,
 in the body of the others): the wall time it was due, so the database says how long
 each waited from then until its job was claimed (bench/sustained.py). A connection that closes without an answer has its
-request sent again on a new one (the dedup keys make that harmless, as for a real
-sender's retry) and counted.
+request sent again on a new one, the same bytes (the same dedup key, so stored once, as
+for a real sender's retry) and counted.
 
 The stubs (``python bench/openloop.py stubs``, a process of their own so they do not
 share the sender's event loop): a Telegram Bot API stub that enforces Telegram's limits
@@ -175,17 +175,19 @@ class Deliveries:
         self.telegram_secret = telegram_secret
         self.site_secret = site_secret.encode()
         self.chats = chats
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.nonce = uuid.uuid4().hex[:10]
         self.update_base = (int(time.time() * 1000) % 10**9) * 1000  # update ids unique across runs
         self.sources = [s for s, _ in MIX]
         self.weights = [w for _, w in MIX]
 
-    def pick(self) -> str:
-        return self.rng.choices(self.sources, self.weights)[0]
-
-    def build(self, i: int, source: str, t0: float) -> bytes:
-        rng = self.rng
+    def build(self, i: int, t0: float) -> tuple[str, bytes]:
+        """Request i, due at wall time ``t0``: its source and bytes. Built once and sent as they are on
+        every retry (a resend is the same delivery, same dedup key). Its draws come from a generator of
+        its own, seeded by (seed, i), so ``--seed`` gives the same mix whatever order the sends and
+        retries run in; its ids come from the run's nonce and i, unique across runs."""
+        rng = random.Random(f"{self.seed}:{i}")
+        source = rng.choices(self.sources, self.weights)[0]
         if source == "telegram":
             chat = CHAT_BASE + rng.randrange(self.chats)
             text = ("/ping" if rng.random() < PING_SHARE else "hello") + f" {t0:.6f}"  # sustained.py: 1e-5 s of slack
@@ -196,7 +198,8 @@ class Deliveries:
         elif source == "github":
             body = json.dumps({"t0": t0, "ref": "refs/heads/main", "after": f"{i:040x}",
                                "repository": {"full_name": f"bench/repo{rng.randrange(100)}"}}).encode()
-            headers = {"X-GitHub-Event": "push", "X-GitHub-Delivery": str(uuid.UUID(int=rng.getrandbits(128))),
+            delivery = str(uuid.uuid5(uuid.NAMESPACE_OID, f"{self.nonce}.{i}"))
+            headers = {"X-GitHub-Event": "push", "X-GitHub-Delivery": delivery,
                        "X-Hub-Signature-256": "sha256=" + _sha256(GITHUB_SECRET.encode(), body)}
         elif source == "stripe":
             body = json.dumps({"id": f"evt_{self.nonce}_{i}", "object": "event", "type": "customer.updated",
@@ -210,7 +213,7 @@ class Deliveries:
             headers = {"X-Signature": "sha256=" + _sha256(self.site_secret, body)}
         head = [f"POST /hooks/{source} HTTP/1.1", f"Host: {self.host}", "Content-Type: application/json",
                 f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
-        return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        return source, ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 class Closed(Exception):
@@ -292,7 +295,7 @@ class OpenLoop:
     async def _one(self, due: float, due_wall: float, window: Window) -> None:
         i = self.counter
         self.counter += 1
-        source = self.deliveries.pick()
+        source, data = self.deliveries.build(i, due_wall)
         async with self.slots:
             for attempt in range(3):
                 try:
@@ -302,7 +305,6 @@ class OpenLoop:
                     window.resent += attempt < 2
                     continue
                 sent = trio.current_time()
-                data = self.deliveries.build(i, source, due_wall)
                 try:
                     status = await conn.exchange(data)
                 except (Closed, OSError, trio.BrokenResourceError) as exc:
