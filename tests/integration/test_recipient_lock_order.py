@@ -82,7 +82,8 @@ def test_a_writer_of_several_recipients_takes_their_rows_in_order(
         dsn: str, statement: Callable[[psycopg.Connection[Any], list[int], list[int]], int]) -> None:
     with psycopg.connect(dsn, autocommit=True) as setup:
         ids, leases = running_jobs(setup)
-    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as writer, psycopg.connect(dsn) as third:
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as writer, psycopg.connect(dsn) as third, \
+            psycopg.connect(dsn, autocommit=True) as watcher:
         holder.execute("select 1 from recipients where recipient = %s for no key update", (RECIPIENTS[0],))
         writer_pid = writer.info.backend_pid
         result: dict[str, Any] = {}
@@ -97,14 +98,14 @@ def test_a_writer_of_several_recipients_takes_their_rows_in_order(
         thread = threading.Thread(target=write, daemon=True)
         thread.start()
         try:
-            # the writer reaches the held row and waits for it
+            # the writer reaches the held row and waits for it (each poll its own transaction:
+            # within one, the statistics views are a snapshot taken at their first read)
             deadline = time.monotonic() + HANG_SECONDS
-            while third.execute("select wait_event_type from pg_stat_activity where pid = %s",
+            while watcher.execute("select wait_event_type from pg_stat_activity where pid = %s",
                                 (writer_pid,)).fetchone() != ("Lock",):
                 assert thread.is_alive(), result
                 assert time.monotonic() < deadline, "the writer never waited for the held row"
                 time.sleep(0.01)
-            third.rollback()
             # ... holding none of the other recipients' rows meanwhile
             try:
                 locked = third.execute("select recipient from recipients where recipient = any (%s)"
