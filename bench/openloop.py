@@ -10,7 +10,8 @@ new (a new update id, delivery id, event id, form id) and signed as its sender s
 Each carries its ``t0`` (: in the message text after the command,
 in the body of the others): the wall time it was due, so the database says how long
 each waited from then until its job was claimed (bench/sustained.py). A connection that closes without an answer has its
-request sent again on a new one, the same bytes (the same dedup key, so stored once, as
+request sent again on a new one (one not answered within ``ANSWER_SECONDS`` counts as not
+answered, its connection closed), the same bytes (the same dedup key, so stored once, as
 for a real sender's retry) and counted.
 
 The stubs (``python bench/openloop.py stubs``, a process of their own so they do not
@@ -61,6 +62,8 @@ CHAT_BASE = 700_000_000
 #: the mix: (source, share)
 MIX = (("telegram", 0.70), ("github", 0.10), ("stripe", 0.10), ("site", 0.10))
 PING_SHARE = 0.02
+#: how long the sender waits for an answer (s): beyond, the request counts as not answered
+ANSWER_SECONDS = 10.0
 #: the CRM's answer time (s)
 CRM_SECONDS = 0.020
 #: Telegram's limits as the stub enforces them
@@ -306,7 +309,12 @@ class OpenLoop:
                     continue
                 sent = trio.current_time()
                 try:
-                    status = await conn.exchange(data)
+                    with trio.fail_after(ANSWER_SECONDS):
+                        status = await conn.exchange(data)
+                except trio.TooSlowError:  # no answer: counted as none, not sent again
+                    window.why["timeout"] += 1
+                    await conn.stream.aclose()
+                    break
                 except (Closed, OSError, trio.BrokenResourceError) as exc:
                     window.why[type(exc).__name__] += 1
                     await conn.stream.aclose()

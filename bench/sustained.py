@@ -14,10 +14,11 @@ deliveries a second whatever the answers do (wrk2's schedule: a latency counts f
 its request was due): 70 % Telegram updates from ``--chats`` chats (2 % ``/ping``), 10 %
 each GitHub, Stripe and site. Per window (the warm-up, then each minute): deliveries due,
 answered 202, stored (events, by the due time each carries) and their jobs, the sender's
-answer p50/p99, webhook → job start p50/p99/max (the job's ``claimed_at`` minus the
-delivery's due time), replies the Telegram stub accepted, 429s it gave (goal 0), CRM
-calls, the server's RSS, the database's size, the CPU of the server and PostgreSQL and
-the rest of the machine (the stubs included), the wait events sampled as below.
+answer p50/p99, webhook → job start p50/p99/max (the job's first start, its first claim,
+minus the delivery's due time; a job deferred by the send limits left out: ``STORED``),
+replies the Telegram stub accepted, 429s it gave (goal 0), CRM calls, the server's RSS,
+the database's size, the CPU of the server and PostgreSQL and the rest of the machine
+(the stubs included), the wait events sampled as below.
 ``--split`` runs two processes instead of one, ROLE=intake (the deliveries go there)
 and ROLE=worker (the jobs), their RSS and CPU summed: one Python process is one core
 at most, and this machine has two. A
@@ -424,17 +425,26 @@ T0 = """case j.kind when 'telegram.message' then split_part(j.payload->>'text', 
                  when 'github.event' then (j.payload->'body'->>'t0')::float8
                  else (j.payload->>'t0')::float8 end"""
 #: per window of the offer (its start %(start)s, epoch s; the windows' starts from it %(bounds)s): the events
-#: stored, their jobs, and from the delivery's due time to its job's claim (its start) p50/p99 in s
+#: stored, their jobs, and from the delivery's due time to its job's FIRST start p50/p99 in s. Each claim
+#: overwrites jobs.claimed_at; an attempt that ended in a retry or a lost lease keeps its start in
+#: job_attempts (migrations/0008), so the first start is the least of those and claimed_at. A deferral
+#: leaves no attempt row (its claim is given back), so a job deferred or moved back on its line by the
+#: send limits (queued_at set, no attempt row: a /ping reply waiting for its chat's slot) is left out of
+#: the start's figures: its wait is Telegram's limits', not the server's. Counted in `jobs` all the same.
 STORED = f"""
 with j as (
-    select j.event_id, extract(epoch from j.claimed_at) - {T0} as wait, {T0} as t0
-      from jobs j where j.event_id is not null
+    select j.event_id, {T0} as t0,
+           extract(epoch from least(j.claimed_at, a.first)) - {T0} as wait,
+           j.queued_at is not null and a.first is null as limited
+      from jobs j
+      left join lateral (select min(x.started_at) as first from job_attempts x where x.job_id = j.id) a on true
+     where j.event_id is not null
 )
 select width_bucket(t0 - %(start)s + 1e-5, %(bounds)s::float8[]) - 1 as w,
        count(distinct event_id) as events, count(*) as jobs,
-       percentile_cont(0.5) within group (order by wait) as p50,
-       percentile_cont(0.99) within group (order by wait) as p99,
-       max(wait) as max
+       percentile_cont(0.5) within group (order by wait) filter (where not limited) as p50,
+       percentile_cont(0.99) within group (order by wait) filter (where not limited) as p99,
+       max(wait) filter (where not limited) as max
   from j group by 1 order by 1
 """
 #: every event stored has exactly one job (the mix makes one per delivery)
@@ -460,7 +470,7 @@ class OpenMinute:
     answer_p50_ms: float = 0.0
     answer_p99_ms: float = 0.0
     send_lag_p99_ms: float = 0.0
-    start_p50_ms: float = 0.0  # webhook (due) -> job claimed
+    start_p50_ms: float = 0.0  # webhook (due) -> job's first claim (STORED)
     start_p99_ms: float = 0.0
     start_max_ms: float = 0.0
     replies: int = 0
@@ -512,28 +522,36 @@ def stored_windows(dsn: str, start: float, bounds: list[float]) -> dict[int, tup
 
 
 class Machine:
-    """CPU and stub counters between two ``take``s: the servers', PostgreSQL's, the rest of the machine's."""
+    """CPU and stub counters between two ``take``s: the servers', PostgreSQL's, the rest of the machine's.
 
-    def __init__(self, pids: list[int], pg_pids: list[int], stats_url: str) -> None:
-        self.pids, self.pg_pids, self.stats_url = pids, pg_pids, stats_url
+    PostgreSQL's processes are read again at each ``take`` (a backend the pool opens later counts
+    from its start), their CPU kept per pid: a window counts what each pid used since the last
+    ``take`` (all of it for a new one; the last window of one that exited is lost)."""
+
+    def __init__(self, pids: list[int], admin_dsn: str, dbname: str, stats_url: str) -> None:
+        self.pids, self.admin_dsn, self.dbname, self.stats_url = pids, admin_dsn, dbname, stats_url
         self.at = 0.0
-        self.cpu = self.pg = self.busy = self.own = 0.0
+        self.cpu = self.busy = self.own = 0.0
+        self.pg_cpu: dict[int, float] = {}
         self.stats: dict[str, int] = {}
 
     async def take(self) -> dict[str, float]:
         from openloop import get_json
 
+        pg_pids = await trio.to_thread.run_sync(postgres_pids, self.admin_dsn, self.dbname)
         now = time.monotonic()
-        cpu, pg, busy = postgres_cpu_seconds(self.pids), postgres_cpu_seconds(self.pg_pids), system_busy_seconds()
+        cpu, busy = postgres_cpu_seconds(self.pids), system_busy_seconds()
+        pg_cpu = {pid: postgres_cpu_seconds([pid]) for pid in pg_pids}
+        pg = sum(seconds - self.pg_cpu.get(pid, 0.0) for pid, seconds in pg_cpu.items())
         own = sum(os.times()[:2])  # this process (the sender) and its threads
         stats = await get_json(self.stats_url, "/_stats")
         wall = now - self.at
         cores = os.cpu_count() or 1
-        out = {"server": 100 * (cpu - self.cpu) / wall, "pg": 100 * (pg - self.pg) / wall,
-               "others": 100 * max(0.0, (busy - self.busy) - (cpu - self.cpu) - (pg - self.pg) - (own - self.own))
+        out = {"server": 100 * (cpu - self.cpu) / wall, "pg": 100 * pg / wall,
+               "others": 100 * max(0.0, (busy - self.busy) - (cpu - self.cpu) - pg - (own - self.own))
                / wall / cores,
                **{k: v - self.stats.get(k, 0) for k, v in stats.items()}} if self.at else {}
-        self.at, self.cpu, self.pg, self.busy, self.own, self.stats = now, cpu, pg, busy, own, stats
+        self.at, self.cpu, self.pg_cpu, self.busy, self.own, self.stats = now, cpu, pg_cpu, busy, own, stats
         return out
 
 
@@ -545,7 +563,9 @@ async def open_server(args: argparse.Namespace, folder: Path, dbname: str, tg_ur
     dsn = make_conninfo(args.admin_dsn, dbname=dbname)
     env = process_env(dsn, tg_url, WORKERS=str(args.workers), LOG_LEVEL=args.log_level,
                       GITHUB_WEBHOOK_SECRET=GITHUB_SECRET, STRIPE_WEBHOOK_SECRET=STRIPE_SECRET,
-                      AUTOM_APP="sustained_app:app", ROLE=role)
+                      AUTOM_APP="sustained_app:app", ROLE=role,
+                      # every delivery comes from 127.0.0.1: the per-client limit (500/s) would refuse them
+                      CLIENT_RATE="1000000")
     env["SUSTAINED_CRM_URL"] = crm_url + "/crm"
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{HERE}"
     profile = ["-m", "cProfile", "-o", str(log_path.with_suffix(".prof"))] if args.profile else []
@@ -668,7 +688,7 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         host, port = urls[0].removeprefix("http://").rsplit(":", 1)
         loop = OpenLoop(host, int(port), Deliveries(f"{host}:{port}", TG_SECRET, SITE_SECRET, args.chats, args.seed),
                         args.max_connections)
-        machine = Machine(pids, postgres_pids(args.admin_dsn, dbname), crm_url)
+        machine = Machine(pids, args.admin_dsn, dbname, crm_url)
         sampler = ActivitySampler(args.admin_dsn, dbname)
         sampler.start()
         try:
