@@ -383,13 +383,30 @@ with u as (
                          %(unrun)s::boolean[], %(tracebacks)s::text[], %(logs)s::text[])
                    as u (id, lease, outcome, error, delay, refused, unrun, traceback, log)
 ),
+held as materialized (
+    -- the recipients' rows locked in recipient order, and before any job row, as every
+    -- writer of several recipients locks them (the intake's enqueue, migrations/0035) and
+    -- in the claim's order (recipient, then job). Taken after the jobs (as the "free"
+    -- update's join had it, then a walk after f), this statement and an intake batch
+    -- storing deliveries for the same two chats could each hold one row and wait for the
+    -- other's (issue 26); and a claim taking over a job whose lease ran out while its
+    -- outcome was written here holds the recipient and waits for the job this statement
+    -- held (tests/integration/test_settle_claim_deadlock.py): deadlocks, broken only
+    -- after deadlock_timeout (1 s) by failing one. The jobs' recipients are read
+    -- without locking them (a job's recipient never changes).
+    select r.recipient from recipients r
+     where r.recipient in (select j.recipient from jobs j where j.id = any (%(ids)s::bigint[]))
+     order by r.recipient
+       for no key update of r
+),
 t as (
     select u.id, u.lease, u.delay, u.refused, u.unrun, u.traceback, u.log::jsonb as log,
            case when x.expired then 'expired' else u.outcome end as outcome,
            case when x.expired then format('deferred for more than %%s s (MAX_DEFER_SECONDS): %%s',
                                            %(max_defer)s::float8, u.error)
                 else u.error end as error
-      from u join jobs j on j.id = u.id
+      -- after held: the count has every recipient locked before any job row is written
+      from (select count(*) from held) k, u join jobs j on j.id = u.id
      cross join lateral (
          select u.outcome = 'deferred' and u.refused
                 and coalesce(j.deferred_since, now()) + make_interval(secs => %(max_defer)s::float8)
@@ -444,17 +461,6 @@ line as (
          order by coalesce(j.queued_at, j.run_at), j.id
          limit 1
     ) h on true
-),
-held as materialized (
-    -- the recipients' rows locked in recipient order before any is written, as every
-    -- writer of several recipients locks them (the intake's enqueue, migrations/0035):
-    -- written in the order of the join below, this statement and an intake batch
-    -- storing deliveries for the same two chats could each hold one row and wait for
-    -- the other's (a deadlock, broken only after deadlock_timeout, 1 s: issue 26)
-    select r.recipient from recipients r
-     where r.recipient in (select f.recipient from f)
-     order by r.recipient
-       for no key update of r
 ),
 free as (
     update recipients r

@@ -20,8 +20,6 @@ chance. When the holder commits, the statement completes.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +28,7 @@ import pytest
 from psycopg import errors
 
 from autom.db.queries import Q
+from tests.support.locks import run_until_it_waits
 
 RECIPIENTS = [f"o-{i:02d}" for i in range(20)]
 #: a hang guard, not a timing: the statement is seen waiting long before this
@@ -82,30 +81,11 @@ def test_a_writer_of_several_recipients_takes_their_rows_in_order(
         dsn: str, statement: Callable[[psycopg.Connection[Any], list[int], list[int]], int]) -> None:
     with psycopg.connect(dsn, autocommit=True) as setup:
         ids, leases = running_jobs(setup)
-    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as writer, psycopg.connect(dsn) as third, \
-            psycopg.connect(dsn, autocommit=True) as watcher:
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as writer, psycopg.connect(dsn) as third:
         holder.execute("select 1 from recipients where recipient = %s for no key update", (RECIPIENTS[0],))
-        writer_pid = writer.info.backend_pid
-        result: dict[str, Any] = {}
-
-        def write() -> None:
-            try:
-                result["rows"] = statement(writer, ids, leases)
-                writer.commit()
-            except Exception as exc:  # reported below
-                result["error"] = exc
-
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
         try:
-            # the writer reaches the held row and waits for it (each poll its own transaction:
-            # within one, the statistics views are a snapshot taken at their first read)
-            deadline = time.monotonic() + HANG_SECONDS
-            while watcher.execute("select wait_event_type from pg_stat_activity where pid = %s",
-                                (writer_pid,)).fetchone() != ("Lock",):
-                assert thread.is_alive(), result
-                assert time.monotonic() < deadline, "the writer never waited for the held row"
-                time.sleep(0.01)
+            # the writer reaches the held row and waits for it
+            thread, result = run_until_it_waits(dsn, writer, lambda: statement(writer, ids, leases), HANG_SECONDS)
             # ... holding none of the other recipients' rows meanwhile
             try:
                 locked = third.execute("select recipient from recipients where recipient = any (%s)"
@@ -116,6 +96,6 @@ def test_a_writer_of_several_recipients_takes_their_rows_in_order(
             third.rollback()
         finally:
             holder.commit()
-            thread.join(HANG_SECONDS)
+        thread.join(HANG_SECONDS)
         assert "error" not in result, result
         assert result["rows"] == len(RECIPIENTS)

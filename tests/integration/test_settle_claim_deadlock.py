@@ -1,0 +1,64 @@
+"""A claim taking over an expired lease and the outcome writer settling that same job
+cannot deadlock (the lock order recipients → jobs, as the claim's).
+
+The claim locks a recipient's row (``for update skip locked``), then updates the
+recipient's head job. ``settle_many`` used to update its jobs first and lock their
+recipients' rows after (its ``held`` walk): when a job's lease ran out while its
+outcome was being written, the claim could hold the recipient and wait for the job,
+and the settle hold the job and wait for the recipient, a deadlock PostgreSQL breaks
+only after ``deadlock_timeout`` by failing one of them.
+
+Made to happen without timing: the claimant's transaction locks the recipient first,
+the settle starts and is seen waiting (``pg_stat_activity``), then the claim runs in
+that transaction. Before, the settle held the job by then: the claim waited for it,
+and one of the two failed with a deadlock. Now the settle waits for the recipient
+holding no job row, the claim takes the job over and commits, and the settle finds
+the lease gone (it settles nothing).
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+
+from autom.db.queries import Q
+from tests.support.locks import run_until_it_waits
+
+RECIPIENT = "deadlock-r"
+#: a hang guard, not a timing: the settle is seen waiting long before this
+HANG_SECONDS = 60
+
+
+def test_a_claim_taking_over_a_job_being_settled_does_not_deadlock_with_the_settle(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        [(job,)] = setup.execute("select * from autom_enqueue(%s::jsonb)",
+                                 (json.dumps([{"kind": "test.deadlock", "payload": {}, "recipient": RECIPIENT}]),)
+                                 ).fetchall()
+        # claimed, and its lease ran out while its outcome is on its way
+        [(lease,)] = setup.execute(
+            "update jobs set status = 'running', attempts = 1, lease = 7, claimed_at = now() - interval '1 hour',"
+            " locked_until = now() - interval '1 minute' where id = %s returning lease", (job,)).fetchall()
+        setup.execute("update recipients set busy_until = now() - interval '1 minute', busy_job = %s,"
+                      " next_due_at = now() - interval '1 minute' where recipient = %s", (job, RECIPIENT))
+        [(claimant,)] = setup.execute(Q.claimant_register).fetchall()
+    with psycopg.connect(dsn) as claimer, psycopg.connect(dsn) as settler:
+        claimer.execute("select 1 from recipients where recipient = %s for update", (RECIPIENT,))
+        try:
+            thread, result = run_until_it_waits(dsn, settler, lambda: settler.execute(Q.settle_many, {
+                "ids": [job], "leases": [lease], "outcomes": ["retry"], "errors": ["boom"], "delays": [60.0],
+                "refused": [False], "unrun": [False], "tracebacks": [None], "logs": [None],
+                "max_defer": 3600.0}).fetchall(), HANG_SECONDS)
+            # the claim, in the transaction that holds the recipient: it updates the job next
+            claimed = claimer.execute(Q.claim, {"n": 1, "claimant": claimant, "now_n": 1, "ticket": 0,
+                                                "lease_seconds": 30.0, "durable": True}).fetchall()
+            claimer.commit()
+        finally:
+            claimer.rollback()  # after a failure: the recipient freed, the settle goes on
+        thread.join(HANG_SECONDS)
+        assert "error" not in result, result
+        assert [row[0] for row in claimed] == [job]  # taken over
+        assert result["rows"] == []  # its lease gone: the settle writes nothing
+        with psycopg.connect(dsn, autocommit=True) as check:
+            row = check.execute("select status, lease <> %s from jobs where id = %s", (lease, job)).fetchone()
+        assert row == ("running", True)
