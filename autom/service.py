@@ -30,6 +30,7 @@ from autom.config import Settings
 from autom.context import BoundedHTTP
 from autom.db.bridge import open_database
 from autom.db.migrate import apply_migrations
+from autom.db.stats import first_analyze
 from autom.deps import Deps
 from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.retry import RetryPolicy
@@ -169,6 +170,9 @@ async def run_service(
                 deps.handoff = pool  # the intake hands a lone delivery's job to it (autom/events/handoff.py)
             alerts = AlertSender(deps) if works else None
             async with trio.open_nursery() as background:
+                # every role writes jobs (intake) or recipients (worker): whichever runs
+                # first gives them planner statistics early (autom/db/stats.py)
+                background.start_soon(first_analyze, db)
                 if alerts is not None:
                     await background.start(db.listen, NOTIFY_CHANNEL, partial(_notified, deps, pool))
                     background.start_soon(alerts.run)

@@ -1,0 +1,65 @@
+"""The first ANALYZE of jobs and recipients (autom/db/stats.py), against the real PostgreSQL.
+
+A fresh database has no statistics: the admission count planned then scans all of jobs
+(bench/RESULTS.md, Issue 27's sustained run). After the step it walks jobs_due_all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from autom.db.queries import Q
+from autom.db.stats import analyze_unanalyzed, first_analyze
+from tests.support.service import wait_until
+
+
+async def _analyzed(db: Any, table: str) -> bool:
+    row = await db.fetch_one(
+        "select last_analyze, last_autoanalyze from pg_stat_user_tables where relname = %(t)s", {"t": table})
+    return row is not None and (row["last_analyze"] is not None or row["last_autoanalyze"] is not None)
+
+
+async def _plan(db: Any) -> str:
+    rows = await db.fetch_all("explain " + Q.admission_backlog.replace("%(limit)s", "20001"))
+    return "\n".join(str(next(iter(row.values()))) for row in rows)
+
+
+async def _fill(db: Any) -> None:
+    # finished jobs (due_at null) and a few pending ones: what a sustained run leaves
+    await db.execute("insert into jobs (kind, status, finished_at) "
+                     "select 'bulk.kind', 'done', now() from generate_series(1, 3000)")
+    await db.execute("insert into jobs (kind) select 'bulk.kind' from generate_series(1, 20)")
+    await db.execute("select pg_stat_force_next_flush()")
+    await wait_until(lambda: db.fetch_val(
+        "select n_live_tup > 1000 from pg_stat_user_tables where relname = 'jobs'"))
+
+
+async def test_a_big_unanalyzed_jobs_is_analyzed_and_the_count_walks_the_index(db: Any) -> None:
+    await _fill(db)
+    assert not await _analyzed(db, "jobs")
+    assert "Seq Scan on jobs" in await _plan(db)  # no statistics: the whole table
+
+    assert await analyze_unanalyzed(db) == ["jobs"]  # recipients is empty: left alone
+
+    assert await wait_until(lambda: _analyzed(db, "jobs"))
+    plan = await _plan(db)
+    assert "Seq Scan on jobs" not in plan and "jobs_due_all" in plan, plan
+    assert not await _analyzed(db, "recipients")
+    # analyzed once: the next check finds nothing to do
+    assert await analyze_unanalyzed(db) == []
+
+
+async def test_a_small_table_is_left_to_autovacuum(db: Any) -> None:
+    await db.execute("insert into jobs (kind) select 'bulk.kind' from generate_series(1, 50)")
+    assert await analyze_unanalyzed(db) == []
+    assert not await _analyzed(db, "jobs")
+
+
+async def test_first_analyze_returns_once_both_tables_have_statistics(db: Any) -> None:
+    await _fill(db)
+    await db.execute("analyze recipients")  # as autovacuum or another replica would have
+    with trio.fail_after(10):
+        await first_analyze(db, every=0.05)  # returns: jobs analyzed here, recipients before
+    assert await _analyzed(db, "jobs")
