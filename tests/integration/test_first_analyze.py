@@ -63,3 +63,13 @@ async def test_first_analyze_returns_once_both_tables_have_statistics(db: Any) -
     with trio.fail_after(10):
         await first_analyze(db, every=0.05)  # returns: jobs analyzed here, recipients before
     assert await _analyzed(db, "jobs")
+
+
+async def test_the_busy_tables_have_their_own_autovacuum_thresholds(db: Any) -> None:
+    rows = await db.fetch_all("select relname, reloptions from pg_class where relname in ('jobs', 'recipients')")
+    options = {row["relname"]: set(row["reloptions"] or ()) for row in rows}
+    assert options["recipients"] == {
+        "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=2000",
+        "autovacuum_analyze_scale_factor=0", "autovacuum_analyze_threshold=2000",
+    }
+    assert "autovacuum_analyze_scale_factor=0.02" in options["jobs"]
