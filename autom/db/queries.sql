@@ -490,21 +490,29 @@ update jobs j set run_log = u.log::jsonb
 -- one was lost: its lease expired, whether or not another claim took the job yet). The
 -- recipient stays busy at least as long as the lease. Committed durably: the worker
 -- moves its local deadline on this answer (autom/jobs/store.py).
-with r as (
+with held as materialized (
+    -- the recipients' rows locked in recipient order, and before any job row (settle_many's
+    -- held, the claim's order). Locked after the jobs' update (as they were), a claim taking
+    -- over a job whose lease ran out just as this renewal read it as held could hold the
+    -- recipient and wait for the job this statement held, and this statement wait for the
+    -- recipient: a deadlock, broken after deadlock_timeout by failing one
+    -- (tests/integration/test_settle_claim_deadlock.py). The jobs' recipients are read
+    -- without locking them (a job's recipient never changes).
+    select rc.recipient from recipients rc
+     where rc.recipient in (select j.recipient from jobs j where j.id = any (%(ids)s::bigint[]))
+     order by rc.recipient
+       for no key update of rc
+),
+r as (
     update jobs j set locked_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
-      from (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]) as t (id, lease)) t
+      -- after held: the count has every recipient locked before any job row is written
+      from (select count(*) from held) k,
+           (select * from unnest(%(ids)s::bigint[], %(leases)s::bigint[]) as t (id, lease)) t
      where j.id = t.id and j.lease = t.lease and j.status = 'running'
        -- a lease that ran out stays out: the job may be claimed again any moment, and
        -- this process already stopped the run at its local deadline (autom/worker)
        and j.locked_until > now()
     returning j.id, j.recipient, j.locked_until
-),
-held as materialized (
-    -- the recipients' rows locked in recipient order first (settle_many's held)
-    select rc.recipient from recipients rc
-     where rc.recipient in (select r.recipient from r)
-     order by rc.recipient
-       for no key update of rc
 ),
 busy as (
     update recipients rc set busy_until = greatest(rc.busy_until, r.locked_until)

@@ -110,9 +110,20 @@ select at, via, action, target, detail from audit_log where target = %(target)s 
 -- %(statuses)s (one job: failed, cancelled or pending; bulk: failed only); the others
 -- are left alone (the caller answers 409 / counts them skipped). Returns the rows as
 -- this update left them: a worker may claim a job the moment it commits.
-with r as (
+with held as materialized (
+    -- the recipients' rows locked in recipient order before any job row, as the claim
+    -- (recipient, then its head job) and every writer of several (renew_many's held):
+    -- updating a pending job first and its recipient after could deadlock with a claim
+    -- of that job. The jobs' recipients are read without locking them.
+    select rc.recipient from recipients rc
+     where rc.recipient in (select j.recipient from jobs j where j.id = any (%(ids)s::bigint[]))
+     order by rc.recipient
+       for no key update of rc
+),
+r as (
     update jobs set status = 'pending', attempts = 0, run_at = now(), finished_at = null,
                     locked_until = null, deferred_since = null, updated_at = now()
+      from (select count(*) from held) k
      where id = any (%(ids)s::bigint[]) and status = any (%(statuses)s::text[])
     returning id, kind, status, attempts, max_attempts, run_at, locked_until, last_error, key, event_id,
               recipient, payload, created_at, updated_at, finished_at

@@ -1,5 +1,6 @@
 """A claim taking over an expired lease and the outcome writer settling that same job
-cannot deadlock (the lock order recipients → jobs, as the claim's).
+cannot deadlock (the lock order recipients → jobs, as the claim's); nor a renewal of
+that lease, nor an operator's retry of a pending job the claim takes (below).
 
 The claim locks a recipient's row (``for update skip locked``), then updates the
 recipient's head job. ``settle_many`` used to update its jobs first and lock their
@@ -62,3 +63,71 @@ def test_a_claim_taking_over_a_job_being_settled_does_not_deadlock_with_the_sett
         with psycopg.connect(dsn, autocommit=True) as check:
             row = check.execute("select status, lease <> %s from jobs where id = %s", (lease, job)).fetchone()
         assert row == ("running", True)
+
+
+def test_a_claim_taking_over_a_job_being_renewed_does_not_deadlock_with_the_renewal(dsn: str) -> None:
+    """The same for ``renew_many``, which used to update its jobs first and lock their
+    recipients after. Its window: the renewal's transaction began while the lease still
+    ran (``now()`` is the transaction's start), the claim's after it ran out; made without
+    timing by setting the lease to end just after the renewal's transaction began."""
+    with psycopg.connect(dsn, autocommit=True) as setup, psycopg.connect(dsn) as renewer:
+        [(job,)] = setup.execute("select * from autom_enqueue(%s::jsonb)",
+                                 (json.dumps([{"kind": "test.deadlock", "payload": {}, "recipient": RECIPIENT}]),)
+                                 ).fetchall()
+        [(began,)] = renewer.execute("select now()").fetchall()  # the renewal's transaction, begun
+        ends = "%s::timestamptz + interval '1 millisecond'"
+        [(lease,)] = setup.execute(
+            f"update jobs set status = 'running', attempts = 1, lease = 7, claimed_at = now() - interval '1 hour',"
+            f" locked_until = {ends} where id = %s returning lease", (began, job)).fetchall()
+        setup.execute(f"update recipients set busy_until = {ends}, busy_job = %s,"
+                      " next_due_at = now() - interval '1 minute' where recipient = %s", (began, job, RECIPIENT))
+        [(claimant,)] = setup.execute(Q.claimant_register).fetchall()
+        with psycopg.connect(dsn) as claimer:
+            # the claim's transaction begins after the lease ran out
+            [(ran_out,)] = claimer.execute(f"select now() > {ends}", (began,)).fetchall()
+            assert ran_out
+            claimer.execute("select 1 from recipients where recipient = %s for update", (RECIPIENT,))
+            try:
+                thread, result = run_until_it_waits(dsn, renewer, lambda: renewer.execute(Q.renew_many, {
+                    "ids": [job], "leases": [lease], "lease_seconds": 30.0}).fetchall(), HANG_SECONDS)
+                claimed = claimer.execute(Q.claim, {"n": 1, "claimant": claimant, "now_n": 1, "ticket": 0,
+                                                    "lease_seconds": 30.0, "durable": True}).fetchall()
+                claimer.commit()
+            finally:
+                claimer.rollback()
+            thread.join(HANG_SECONDS)
+        assert "error" not in result, result
+        assert [row[0] for row in claimed] == [job]  # taken over
+        assert result["rows"] == []  # the renewal finds its claim lost
+        row = setup.execute("select status, lease <> %s, locked_until > now() + interval '20 seconds'"
+                            " from jobs where id = %s", (lease, job)).fetchone()
+        assert row == ("running", True, True)
+
+
+def test_a_claim_of_a_pending_job_an_operator_retries_does_not_deadlock_with_the_retry(dsn: str) -> None:
+    """And for the operator's retry (``ops_retry_jobs``: one pending job may be retried, its
+    attempts reset), which used to update the job first and upsert its recipient after."""
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        [(job,)] = setup.execute("select * from autom_enqueue(%s::jsonb)",
+                                 (json.dumps([{"kind": "test.deadlock", "payload": {}, "recipient": RECIPIENT}]),)
+                                 ).fetchall()
+        setup.execute("update recipients set next_due_at = now() - interval '1 minute' where recipient = %s",
+                      (RECIPIENT,))
+        [(claimant,)] = setup.execute(Q.claimant_register).fetchall()
+    with psycopg.connect(dsn) as claimer, psycopg.connect(dsn) as operator:
+        claimer.execute("select 1 from recipients where recipient = %s for update", (RECIPIENT,))
+        try:
+            thread, result = run_until_it_waits(dsn, operator, lambda: operator.execute(Q.ops_retry_jobs, {
+                "ids": [job], "statuses": ["failed", "cancelled", "pending"]}).fetchall(), HANG_SECONDS)
+            claimed = claimer.execute(Q.claim, {"n": 1, "claimant": claimant, "now_n": 1, "ticket": 0,
+                                                "lease_seconds": 30.0, "durable": True}).fetchall()
+            claimer.commit()
+        finally:
+            claimer.rollback()
+        thread.join(HANG_SECONDS)
+        assert "error" not in result, result
+        assert [row[0] for row in claimed] == [job]
+        assert result["rows"] == []  # running by then: not the operator's to retry (409)
+        with psycopg.connect(dsn, autocommit=True) as check:
+            row = check.execute("select status, attempts from jobs where id = %s", (job,)).fetchone()
+        assert row == ("running", 1)
