@@ -9,8 +9,10 @@ of recipients, once a second, and PostgreSQL's CPU climbed until answers took 21
 ``first_analyze`` runs in every role (autom/service.py): one read of
 pg_stat_user_tables every ``every`` seconds; a table never analyzed that holds more
 than ``rows`` rows is analyzed once (which also invalidates the cached plans). Once
-both tables have been analyzed (here, by hand or by autovacuum) it returns: nothing
-more to do in this process. Replicas may each analyze a table once: harmless. A
+both tables have been analyzed (here, by hand or by autovacuum), or are not this
+role's to analyze (ANALYZE by a role that does not own the table only warns: said
+once, left to autovacuum), it returns: nothing more to do in this process. Each
+table is analyzed at most once per process; replicas may each analyze it once: harmless. A
 failure is logged (once) and tried again at the next check; it never stops the caller.
 """
 
@@ -33,29 +35,41 @@ MIN_ROWS = 1000
 CHECK_SECONDS = 5.0
 
 
-async def analyze_unanalyzed(db: Database, rows: int = MIN_ROWS) -> list[str]:
-    """Analyze the watched tables never analyzed that hold more than ``rows`` rows;
-    return their names. Raises what the database raises."""
-    found = await db.fetch_all(Q.stats_never_analyzed, {"tables": list(TABLES), "rows": rows})
-    names = [row["relname"] for row in found]
-    for name in names:
-        await db.execute(TABLES[name])
-        log.info("analyzed %s: it had no statistics yet (its plans scanned it whole)", name)
+async def analyze_unanalyzed(db: Database, rows: int = MIN_ROWS, settled: set[str] | None = None) -> list[str]:
+    """Analyze the watched tables never analyzed that hold more than ``rows`` rows and
+    that this role may analyze; return their names. ``settled`` (first_analyze's) gets
+    the tables that need nothing more here: analyzed (by anyone, or now), or not this
+    role's to analyze (said once, at warning); they are skipped. Raises what the
+    database raises."""
+    settled = set() if settled is None else settled
+    names = []
+    for t in await db.fetch_all(Q.stats_watched, {"tables": list(TABLES)}):
+        name = t["relname"]
+        if name in settled:
+            continue
+        if t["analyzed"]:
+            settled.add(name)
+        elif not t["may_analyze"]:
+            settled.add(name)
+            log.warning("cannot give %s its first planner statistics: this role does not own it "
+                        "(its owner or autovacuum must analyze it)", name)
+        elif t["live_rows"] > rows:
+            await db.execute(TABLES[name])
+            settled.add(name)
+            names.append(name)
+            log.info("analyzed %s: it had no statistics yet (its plans scanned it whole)", name)
     return names
 
 
-async def all_analyzed(db: Database) -> bool:
-    """Whether every watched table has statistics (by anyone)."""
-    return int(await db.fetch_val(Q.stats_all_analyzed, {"tables": list(TABLES)}) or 0) >= len(TABLES)
-
-
 async def first_analyze(db: Database, *, every: float = CHECK_SECONDS, rows: int = MIN_ROWS) -> None:
-    """Check every ``every`` seconds until both tables have statistics (module docstring)."""
+    """Check every ``every`` seconds until each table has statistics or is not this
+    role's to analyze; each analyzed at most once here (module docstring)."""
     failed_logged = False
+    settled: set[str] = set()
     while True:
         try:
-            await analyze_unanalyzed(db, rows)
-            if await all_analyzed(db):
+            await analyze_unanalyzed(db, rows, settled)
+            if settled >= set(TABLES):
                 return
         except Exception as exc:  # the database is away, or a lock wait ran out: try at the next check
             if not failed_logged:

@@ -6,10 +6,14 @@ A fresh database has no statistics: the admission count planned then scans all o
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import psycopg
+import pytest
 import trio
 
+from autom.db import open_database
 from autom.db.queries import Q
 from autom.db.stats import analyze_unanalyzed, first_analyze
 from tests.support.service import wait_until
@@ -27,6 +31,9 @@ async def _plan(db: Any) -> str:
 
 
 async def _fill(db: Any) -> None:
+    # autovacuum kept away from jobs here (on the embedded PostgreSQL it is on): it may
+    # analyze the table first, and the test would see it analyzed by someone else
+    await db.execute("alter table jobs set (autovacuum_enabled = off)")
     # finished jobs (due_at null) and a few pending ones: what a sustained run leaves
     await db.execute("insert into jobs (kind, status, finished_at) "
                      "select 'bulk.kind', 'done', now() from generate_series(1, 3000)")
@@ -52,6 +59,7 @@ async def test_a_big_unanalyzed_jobs_is_analyzed_and_the_count_walks_the_index(d
 
 
 async def test_a_small_table_is_left_to_autovacuum(db: Any) -> None:
+    await db.execute("alter table jobs set (autovacuum_enabled = off)")
     await db.execute("insert into jobs (kind) select 'bulk.kind' from generate_series(1, 50)")
     assert await analyze_unanalyzed(db) == []
     assert not await _analyzed(db, "jobs")
@@ -73,3 +81,30 @@ async def test_the_busy_tables_have_their_own_autovacuum_thresholds(db: Any) -> 
         "autovacuum_analyze_scale_factor=0", "autovacuum_analyze_threshold=2000",
     }
     assert "autovacuum_analyze_scale_factor=0.02" in options["jobs"]
+
+
+async def test_a_role_that_does_not_own_the_tables_says_so_once_and_stops(
+        db: Any, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """ANALYZE by a role that does not own the table only warns and analyzes nothing: the
+    check would have logged "analyzed" and tried again every few seconds for ever."""
+    caplog.set_level(logging.INFO, logger="autom.db.stats")  # an "analyzed" line would show
+    await _fill(db)
+    role = f"autom_not_owner_{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'create role "{role}" login')
+    try:
+        other = psycopg.conninfo.make_conninfo(dsn, user=role)
+        async with open_database(other, min_size=1, max_size=2) as theirs:
+            with trio.fail_after(10):
+                await first_analyze(theirs, every=0.05)  # returns: nothing here is theirs to analyze
+        assert not await _analyzed(db, "jobs")
+        said = [r.getMessage() for r in caplog.records if r.name == "autom.db.stats"]
+        assert sorted(said) == [
+            "cannot give jobs its first planner statistics: this role does not own it "
+            "(its owner or autovacuum must analyze it)",
+            "cannot give recipients its first planner statistics: this role does not own it "
+            "(its owner or autovacuum must analyze it)",
+        ], said
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'drop role "{role}"')
