@@ -100,7 +100,9 @@ async def test_a_send_writes_the_budgets_row_once(db: Any, job: bool) -> None:
     from autom.db.queries import Q
 
     job_id = await _job(db, "hi") if job else None
-    params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 1.0, "burst": 3.0,
+    # a 30 s interval: the budget refills nothing while the test runs (with 1 s a slow
+    # machine's pause between the sends let the last go at once too)
+    params = {"chat": "42", "parts": 1, "chat_interval": 1.0, "global_interval": 30.0, "burst": 3.0,
               "priority": False, "job": job_id, "line": "42" if job else None, "line_kinds": ["telegram.send"]}
     async with db.transaction() as tx:
         assert await tx.fetch_val(Q.telegram_acquire, params) == 0
