@@ -18,7 +18,8 @@ answer p50/p99, webhook → job start p50/p99/max (the job's first start, its fi
 minus the delivery's due time; a job deferred by the send limits left out: ``STORED``),
 replies the Telegram stub accepted, 429s it gave (goal 0), CRM calls, the server's RSS,
 the database's size, the CPU of the server and PostgreSQL and the rest of the machine
-(the stubs included), the wait events sampled as below.
+(the stubs included), the wait events sampled as below; after the load, the same start
+figure per kind and lane and window (``BY_KIND``: which jobs wait when the p99 grows).
 ``--split`` runs two processes instead of one, ROLE=intake (the deliveries go there)
 and ROLE=worker (the jobs), their RSS and CPU summed: one Python process is one core
 at most, and this machine has two. A
@@ -41,7 +42,9 @@ within 5 % (10/s); its last line is the highest rate that held. Output: ``table.
    connection sends its next request when the answer to the last one came) posts signed
    Telegram ``message`` updates from ``--chats`` chats picked at random, ``"text":"hello"``
    (no reply is asked: the job runs and is done), each with a new ``update_id``; one wrk
-   run per minute, back to back, so each minute has its own percentiles;
+   run per minute, back to back, so each minute has its own percentiles; ``--duplicates K``:
+   the warm-up stores K updates per wrk thread and every minute sends only those again
+   (redeliveries: answered, nothing stored; issue 26's duplicate-only run);
 3. reports per minute: the rate answered, the sender's p50/p90/p99/max (wrk's, which
    counts from the request's write to its answer), non-2xx answers, the server's CPU
    (% of one core), PostgreSQL's (this database's backends and the background
@@ -123,9 +126,10 @@ BACKLOG = "select count(*) from jobs where due_at is not null"
 SAMPLE_SECONDS = 0.25
 
 LUA = r"""
--- args: secret, nonce (update ids unique per wrk run), chats
+-- args: secret, nonce (update ids unique per wrk run), chats, wrap (0: every update new; K: each
+-- thread's counter repeats 1..K, so a run with the nonce of an earlier one sends only its updates again)
 local counter = 0
-local token, nonce, chats
+local token, nonce, chats, wrap
 local nthreads = 0
 
 function setup(thread)
@@ -137,17 +141,20 @@ function init(args)
   token = args[1]
   nonce = tonumber(args[2])
   chats = tonumber(args[3])
+  wrap = tonumber(args[4] or "0")
   math.randomseed(nonce % 1000003 + tid * 7919)
 end
 
 function request()
   counter = counter + 1
-  local uid = nonce + tid * 100000000 + counter
+  local n = counter
+  if wrap > 0 then n = (counter - 1) % wrap + 1 end
+  local uid = nonce + tid * 100000000 + n
   local chat = CHAT_BASE + math.random(0, chats - 1)
   local body = string.format(
     '{"update_id":%d,"message":{"message_id":%d,"date":1700000000,' ..
     '"chat":{"id":%d,"type":"private"},"from":{"id":%d,"is_bot":false,"first_name":"Sustained"},' ..
-    '"text":"hello"}}', uid, counter, chat, chat)
+    '"text":"hello"}}', uid, n, chat, chat)
   return wrk.format("POST", "/hooks/telegram",
     {["Content-Type"] = "application/json", ["X-Telegram-Bot-Api-Secret-Token"] = token}, body)
 end
@@ -240,10 +247,12 @@ class ActivitySampler:
                 self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def run_wrk(url: str, script: Path, args: argparse.Namespace, nonce: int, seconds: float) -> tuple[int, ...]:
-    """One wrk run; its RESULT numbers (requests, µs, non-2xx, socket errors, p50, p90, p99, max µs)."""
+def run_wrk(url: str, script: Path, args: argparse.Namespace, nonce: int, seconds: float,
+            wrap: int = 0) -> tuple[int, ...]:
+    """One wrk run; its RESULT numbers (requests, µs, non-2xx, socket errors, p50, p90, p99, max µs).
+    ``wrap`` > 0: each wrk thread sends updates 1..wrap of ``nonce`` over and over (LUA)."""
     cmd = ["wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{seconds:g}s", "--timeout", "10s",
-           "-s", str(script), url, "--", TG_SECRET, str(nonce), str(args.chats)]
+           "-s", str(script), url, "--", TG_SECRET, str(nonce), str(args.chats), str(wrap)]
     return wrk_result(cmd)
 
 
@@ -288,8 +297,11 @@ async def one_server(args: argparse.Namespace, code: str, src: Path, round_no: i
                 url = await wait_serving(proc, log_path)
                 print(f"{code} round {round_no}: autom run pid {proc.pid} at {url} (PYTHONPATH={src})", flush=True)
                 # warm-up: imports, pool, plans (its 202s count in the checks, not in the minutes)
-                warm = await trio.to_thread.run_sync(run_wrk, url, script, args, (round_no * 100 + 99) * 10**9,
-                                                     args.warmup)
+                # --duplicates K: the warm-up stores updates 1..K of each wrk thread; every minute then
+                # sends those again (the same nonce and wrap): nothing new is stored after the warm-up
+                warm_nonce = (round_no * 100 + 99) * 10**9
+                warm = await trio.to_thread.run_sync(run_wrk, url, script, args, warm_nonce, args.warmup,
+                                                     args.duplicates)
                 answered = warm[0] - warm[2]
                 wrk_runs = 1
                 pg_pids = postgres_pids(args.admin_dsn, dbname)
@@ -298,11 +310,12 @@ async def one_server(args: argparse.Namespace, code: str, src: Path, round_no: i
                 sampler.take()
                 try:
                     for minute in range(1, args.minutes + 1):
-                        nonce = (round_no * 100 + minute) * 10**9
+                        nonce = warm_nonce if args.duplicates else (round_no * 100 + minute) * 10**9
                         cpu0, pg0, busy0 = cpu_seconds(proc.pid), postgres_cpu_seconds(pg_pids), system_busy_seconds()
                         kids0 = os.times()
                         t0 = time.monotonic()
-                        res = await trio.to_thread.run_sync(run_wrk, url, script, args, nonce, args.minute_seconds)
+                        res = await trio.to_thread.run_sync(run_wrk, url, script, args, nonce, args.minute_seconds,
+                                                            args.duplicates)
                         wall = time.monotonic() - t0
                         kids1 = os.times()
                         cpu = cpu_seconds(proc.pid) - cpu0
@@ -346,10 +359,12 @@ async def one_server(args: argparse.Namespace, code: str, src: Path, round_no: i
         jobs = await trio.to_thread.run_sync(count, dsn, EVENT_JOBS)
         done = await trio.to_thread.run_sync(count, dsn, EVENT_JOBS + " and status = 'done'")
         minutes = [m for m in out if (m.code, m.round) == (code, round_no)]
-        # every 202 stored once; a few more stored than answered: requests in flight when a wrk run ended
+        # every 202 stored once; a few more stored than answered: requests in flight when a wrk run ended;
+        # --duplicates: the warm-up's updates only, each once
+        stored_ok = (stored <= args.threads * args.duplicates if args.duplicates
+                     else answered <= stored <= answered + args.connections * wrk_runs)
         checks.update(events=stored, jobs=jobs, done=done, answered_202=answered, wrk_runs=wrk_runs,
-                      ok=(stored == jobs == done and checks["exit"] == 0
-                          and answered <= stored <= answered + args.connections * wrk_runs
+                      ok=(stored == jobs == done and checks["exit"] == 0 and stored_ok
                           and all(m.non_2xx == 0 and m.socket_errors == 0 for m in minutes)))
         print(f"  {code} r{round_no}: {json.dumps(checks)}", flush=True)
         if checks["ok"] and not args.keep:
@@ -447,6 +462,23 @@ select width_bucket(t0 - %(start)s + 1e-5, %(bounds)s::float8[]) - 1 as w,
        max(wait) filter (where not limited) as max
   from j group by 1 order by 1
 """
+#: the same start figure per kind and lane (recipient or not) and per window: which jobs wait when the
+#: p99 grows (a lane, a kind, the CRM's jobs behind the chats' lines), and how many waited over 1 s
+BY_KIND = f"""
+with j as (
+    select j.kind, j.recipient is not null as lane, {T0} as t0,
+           extract(epoch from least(j.claimed_at, a.first)) - {T0} as wait,
+           j.queued_at is not null and a.first is null as limited
+      from jobs j
+      left join lateral (select min(x.started_at) as first from job_attempts x where x.job_id = j.id) a on true
+     where j.event_id is not null
+)
+select kind, lane, width_bucket(t0 - %(start)s + 1e-5, %(bounds)s::float8[]) - 1 as w, count(*) as n,
+       percentile_cont(0.5) within group (order by wait) as p50,
+       percentile_cont(0.99) within group (order by wait) as p99,
+       max(wait) as max, count(*) filter (where wait > 1) as over_1s
+  from j where not limited group by 1, 2, 3 order by 1, 2, 3
+"""
 #: every event stored has exactly one job (the mix makes one per delivery)
 ONE_JOB = """select count(*) filter (where n <> 1) from (
     select e.id, (select count(*) from jobs j where j.event_id = e.id) as n from events e) x"""
@@ -519,6 +551,21 @@ def stored_windows(dsn: str, start: float, bounds: list[float]) -> dict[int, tup
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(STORED, {"start": start, "bounds": bounds}).fetchall()
     return {r[0]: (r[1], r[2], r[3] or 0.0, r[4] or 0.0, r[5] or 0.0) for r in rows}
+
+
+def by_kind(dsn: str, start: float, bounds: list[float], labels: list[str]) -> str:
+    """BY_KIND as a table: a row per kind and lane, each window's p50 / p99 (ms) and the jobs over 1 s."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(BY_KIND, {"start": start, "bounds": bounds}).fetchall()
+    cells: dict[tuple[str, bool], dict[int, str]] = {}
+    for kind, lane, w, n, p50, p99, _max, over in rows:
+        cells.setdefault((kind, lane), {})[w] = f"{1000 * p50:.0f} / {1000 * p99:.0f} ({n}; {over} > 1 s)"
+    head = "| kind | recipient | " + " | ".join(labels) + " |"
+    lines = [head, "|---|---|" + "---|" * len(labels)]
+    for (kind, lane), by_w in sorted(cells.items()):
+        lines.append(f"| {kind} | {'yes' if lane else 'no'} | "
+                     + " | ".join(by_w.get(k, "") for k in range(len(labels))) + " |")
+    return "webhook -> first start by kind, per window: p50 / p99 ms (jobs; jobs over 1 s)\n" + "\n".join(lines)
 
 
 class Machine:
@@ -735,6 +782,9 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         finally:
             sampler.stop()
             await loop.aclose()
+        bounds = [0.0] if args.search else list(itertools.accumulate([0.0] + [r.seconds for r in rows[:-1]]))
+        labels = ["last step"] if args.search else [r.label for r in rows]
+        kinds = await trio.to_thread.run_sync(by_kind, dsn, loop.wall_start, bounds, labels)
         events = await trio.to_thread.run_sync(count, dsn, "select count(*) from events")
         answered = sum(r.answered_202 for r in rows)
         not_one = await trio.to_thread.run_sync(count, dsn, ONE_JOB)
@@ -746,12 +796,14 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         exits = [proc.returncode for proc in procs]
         once = events == answered and not_one == 0
         text = open_table(rows)
-        (folder / "table.md").write_text(text + "\n")
+        (folder / "table.md").write_text(text + "\n\n" + kinds + "\n")
         with (folder / "windows.jsonl").open("w") as f:
             for r in rows:
                 f.write(json.dumps(asdict(r)) + "\n")
         print()
         print(text)
+        print()
+        print(kinds)
         print()
         print(f"exactly once: {events} events for {answered} answers 202, events without exactly one job: "
               f"{not_one}; server exit {exits}; output in {folder}")
@@ -806,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--chats", type=int, default=10_000)
+    parser.add_argument("--duplicates", type=int, default=0, metavar="K",
+                        help="closed loop: the warm-up stores K updates per wrk thread, every minute sends "
+                             "only those again (issue 26's duplicate-only run)")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--log-level", default="info", help="the server's LOG_LEVEL (its log goes to a file)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds (each runs every code once, alternating)")
