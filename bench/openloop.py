@@ -64,6 +64,10 @@ MIX = (("telegram", 0.70), ("github", 0.10), ("stripe", 0.10), ("site", 0.10))
 PING_SHARE = 0.02
 #: how long the sender waits for an answer (s): beyond, the request counts as not answered
 ANSWER_SECONDS = 10.0
+#: an idle connection unused this long (s) is closed, not reused: the server closes its own
+#: after 130 s (autom/web/serve.py KEEP_ALIVE_TIMEOUT), and a request sent on one as it does
+#: gets no answer (the keep-alive race: the idle ones are a stack, the bottom ones age)
+IDLE_SECONDS = 100.0
 #: the CRM's answer time (s)
 CRM_SECONDS = 0.020
 #: Telegram's limits as the stub enforces them
@@ -229,6 +233,7 @@ class Connection:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.buf = b""
+        self.idle_since = trio.current_time()
 
     async def exchange(self, data: bytes) -> int:
         await self.stream.send_all(data)
@@ -291,8 +296,11 @@ class OpenLoop:
         self.wall_start = 0.0  # when the last offer began (epoch s): request i's t0 is this + i / rate
 
     async def _connection(self) -> Connection:
-        if self.idle:
-            return self.idle.pop()
+        while self.idle:
+            conn = self.idle.pop()
+            if trio.current_time() - conn.idle_since < IDLE_SECONDS:
+                return conn
+            await conn.stream.aclose()
         return Connection(await trio.open_tcp_stream(self.host, self.port))
 
     async def _one(self, due: float, due_wall: float, window: Window) -> None:
@@ -320,6 +328,7 @@ class OpenLoop:
                     await conn.stream.aclose()
                     window.resent += attempt < 2
                     continue
+                conn.idle_since = trio.current_time()
                 self.idle.append(conn)
                 now = trio.current_time()
                 window.answered[status] += 1
