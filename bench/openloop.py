@@ -234,6 +234,7 @@ class Connection:
         self.stream = stream
         self.buf = b""
         self.idle_since = trio.current_time()
+        self.closing = False  # the last answer said "Connection: close"
 
     async def exchange(self, data: bytes) -> int:
         await self.stream.send_all(data)
@@ -249,6 +250,10 @@ class Connection:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
+            elif name.strip().lower() == b"connection" and value.strip().lower() == b"close":
+                # the server closes it after this answer (hypercorn: every 1,000th request on a
+                # connection, keep_alive_max_requests); a request sent on it after gets no answer
+                self.closing = True
         while len(rest) < length:
             chunk = await self.stream.receive_some(65536)
             if not chunk:
@@ -328,8 +333,11 @@ class OpenLoop:
                     await conn.stream.aclose()
                     window.resent += attempt < 2
                     continue
-                conn.idle_since = trio.current_time()
-                self.idle.append(conn)
+                if conn.closing:
+                    await conn.stream.aclose()
+                else:
+                    conn.idle_since = trio.current_time()
+                    self.idle.append(conn)
                 now = trio.current_time()
                 window.answered[status] += 1
                 if status == 202:
