@@ -1,19 +1,12 @@
-"""The first ANALYZE of ``jobs`` and ``recipients``, before autovacuum gets to it.
-
-In a fresh database under sustained load autovacuum had not analyzed either table
-85 s in (bench/RESULTS.md, Issue 27's sustained run): statements prepared in the
-first seconds kept generic plans made for empty tables and fresh plans had no column
-statistics, so the admission counts seq-scanned all of jobs and ``retire_lines`` all
-of recipients, once a second, and PostgreSQL's CPU climbed until answers took 21 s.
+"""The first ANALYZE of ``jobs`` and ``recipients``, before autovacuum gets to it (why:
+docs/design/db.md, "Planner statistics").
 
 ``first_analyze`` runs in every role (autom/service.py): one read of
 pg_stat_user_tables every ``every`` seconds; a table never analyzed that holds more
-than ``rows`` rows is analyzed once (which also invalidates the cached plans). Once
-both tables have been analyzed (here, by hand or by autovacuum), or are not this
-role's to analyze (ANALYZE by a role that does not own the table only warns: said
-once, left to autovacuum), it returns: nothing more to do in this process. Each
-table is analyzed at most once per process; replicas may each analyze it once: harmless. A
-failure is logged (once) and tried again at the next check; it never stops the caller.
+than ``rows`` rows is analyzed at most once per process. It returns once each table
+has statistics (from anyone) or is not this role's to analyze (said once, at
+warning). A failure is logged once and tried again at the next check; it never
+stops the caller.
 """
 
 from __future__ import annotations
