@@ -160,6 +160,17 @@ def env_record(admin_dsn: str) -> dict[str, Any]:
             "machine": machine(), "postgres": server, "load_1min": os.getloadavg()[0], **versions()}
 
 
+def base_checkout(path: str | Path) -> Path:
+    """A checkout of other code to run beside this one (``--base-src``), resolved, migrating with
+    its own files: one with a top-level ``migrations/`` gets the link ``autom/migrations`` to it
+    (PYTHONPATH's ``autom`` comes before the editable install's, and so does its migrations
+    package through the link)."""
+    base = Path(path).resolve()
+    if not (base / "autom" / "migrations").exists() and (base / "migrations").is_dir():
+        (base / "autom" / "migrations").symlink_to("../migrations")
+    return base
+
+
 @contextmanager
 def bench_database(admin_dsn: str, prefix: str, keep: bool = False):
     """A fresh, migrated database for the block; yields its dsn."""

@@ -53,7 +53,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from drain import collect, fmt, load, med  # noqa: E402 (bench/ is not a package)
+from drain import base_checkout, collect, fmt, load, med  # noqa: E402 (bench/ is not a package)
 
 PARTS = ("worker", "floor", "reply", "intake")
 #: issue 27's goals: idle p50 and p99 at most 1.3× the floor's, webhook → reply p50 at most 1.5×
@@ -326,9 +326,7 @@ def run(args: argparse.Namespace) -> int:
            "LAT_GAP_MS": str(args.gap_ms), "AUTOM_PY": py}
     base_env = None
     if args.base_src:
-        base = Path(args.base_src).resolve()
-        if not (base / "autom" / "migrations").exists() and (base / "migrations").is_dir():
-            (base / "autom" / "migrations").symlink_to("../migrations")  # it migrates with its own files
+        base = base_checkout(args.base_src)
         base_env = {**env, "PYTHONPATH": f"{base}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH")
                     else str(base)}
     speed = str(out / "speed.jsonl")

@@ -101,6 +101,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import trio  # noqa: E402
+from drain import base_checkout  # noqa: E402
 from intake import (  # noqa: E402
     WRK_DONE,
     cpu_seconds,
@@ -881,11 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 1
     if args.base_src:
-        base = args.base_src.resolve()
-        if not (base / "autom" / "migrations").exists() and (base / "migrations").is_dir():
-            # it migrates with its own files (as bench/speed.py): PYTHONPATH's autom comes before
-            # the editable install's, and so does its autom.migrations through this link
-            (base / "autom" / "migrations").symlink_to("../migrations")
+        args.base_src = base_checkout(args.base_src)
     folder = args.out or Path(tempfile.gettempdir()) / f"autom-sustained-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
     return trio.run(run_open if open_loop else run, args, folder)
