@@ -147,12 +147,15 @@ class JobStore:
         self.max_defer_seconds = float(max_defer_seconds)
         self._rand = rand
         # the claims of one and of two jobs: the batch claim with n and the lease written
-        # in. Without parameters, PostgreSQL plans a prepared statement once, for that
-        # limit (with them, the first five runs on each connection are planned anew)
-        self._claim_few = {(n, durable): Q.claim.replace("%(n)s", str(n))
-                           .replace("%(lease_seconds)s", repr(self.lease_seconds))
-                           .replace("%(durable)s", str(durable).lower())
-                           for n in (1, 2) for durable in (False, True)}
+        # in, and (``_few``) the claimant, for a claim whose jobs all start at once. With no
+        # parameter left, PostgreSQL plans the prepared statement once, generic from its
+        # first run; a parameter in it made the first five runs on each connection plan
+        # anew, ~1 ms each (bench/RESULTS.md, "Where idle enqueue → start goes")
+        self._claim_few_texts = {(n, durable): Q.claim.replace("%(n)s", str(n))
+                                 .replace("%(lease_seconds)s", repr(self.lease_seconds))
+                                 .replace("%(durable)s", str(durable).lower())
+                                 for n in (1, 2) for durable in (False, True)}
+        self._claim_few: dict[tuple[int, bool, int | None], str] = {}
 
     async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
         """Create ``job``; returns its id, or None when a job of its kind with its key exists
@@ -202,19 +205,35 @@ class JobStore:
         ``ahead``: how the claim's attempts are counted (a worker pool's claim, made ahead
         of its runs); None: every job counts as started with the claim.
 
-        One or two jobs (the worker's claim when it had nothing in hand and was woken)
-        is the same statement with its limit and the lease written in, prepared; a batch is
-        planned each time (a cached plan was slower on a large backlog: docs/design/worker.md).
+        One or two jobs that all start at once (the worker's claim when it had nothing in
+        hand and was woken) is the same statement with every value written in, prepared; a
+        batch is planned each time (a cached plan was slower on a large backlog:
+        docs/design/worker.md).
         """
         counted = ({"claimant": None, "ticket": 0, "now_n": n} if ahead is None else
                    {"claimant": ahead.claimant, "ticket": ahead.ticket, "now_n": ahead.now_n})
-        few = self._claim_few.get((n, durable))
+        claimant, now_n = (None, n) if ahead is None else (ahead.claimant, ahead.now_n)
+        few = self._few(n, durable, claimant) if now_n >= n else None
         if few is not None:
-            rows = await self.db.fetch_all(few, counted, prepare=True)
+            rows = await self.db.fetch_all(few, prepare=True)
         else:
             rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds,
                                                      "durable": durable, **counted})
         return _jobs(rows, None if ahead is None else ahead.tickets)
+
+    def _few(self, n: int, durable: bool, claimant: int | None) -> str | None:
+        """The claim of ``n`` (1 or 2) jobs that all start at once (their tickets 0) for
+        ``claimant``, every value written in (None: not such a claim)."""
+        key = (n, durable, claimant)
+        text = self._claim_few.get(key)
+        if text is None:
+            base = self._claim_few_texts.get((n, durable))
+            if base is None:
+                return None
+            written = "null" if claimant is None else str(int(claimant))
+            text = self._claim_few[key] = (base.replace("%(claimant)s", written)
+                                           .replace("%(ticket)s", "0").replace("%(now_n)s", str(n)))
+        return text
 
     async def register_claimant(self) -> int:
         """A new row of a worker pool's start order (``worker_starts``); returns its id."""

@@ -23,7 +23,7 @@ from autom.handlers.spec import Handler, HandlerSpec, handler_specs
 from autom.jobs.outcome import Outcome
 from autom.worker.completer import Completer
 from autom.worker.executor import Executor
-from autom.worker.fetcher import Fetcher
+from autom.worker.fetcher import Fetcher, claim_batch
 from autom.worker.leases import Claims, Confirmer, DeadlineWatch, job_fields
 from autom.worker.run import QueueStore, Run, lease_margin
 
@@ -40,7 +40,8 @@ log = logging.getLogger("autom.worker")
 class WorkerPool:
     """``workers`` concurrent handlers fed by one fetcher (see the module docstring).
 
-    ``batch``, ``prefetch``, ``poll_seconds``: the fetcher's (``Fetcher``). ``store``: the
+    ``batch``, ``prefetch``, ``poll_seconds``: the fetcher's (``Fetcher``; ``batch`` None:
+    ``claim_batch(workers)``, 10 a worker within 100..200). ``store``: the
     queue (default ``deps.store``; any ``QueueStore``, so the scheduling is tested without
     PostgreSQL). ``context``: builds what a run's handler gets from its ``Run`` (default:
     a ``HandlerContext``).
@@ -52,7 +53,7 @@ class WorkerPool:
         handlers: Mapping[str, HandlerSpec | Handler],
         *,
         workers: int | None = None,
-        batch: int = 100,
+        batch: int | None = None,
         prefetch: int | None = None,
         poll_seconds: float = 1.0,
         store: QueueStore | None = None,
@@ -70,7 +71,8 @@ class WorkerPool:
         self._watch = DeadlineWatch()
         self.claims = Claims(deps.metrics, self._watch)
         self.confirmer = Confirmer(self.store, self.claims.held, self.claims.lost)
-        self.fetcher = Fetcher(deps, self.store, self.claims, self.confirmer, workers=self.workers, batch=batch,
+        self.fetcher = Fetcher(deps, self.store, self.claims, self.confirmer, workers=self.workers,
+                               batch=claim_batch(self.workers) if batch is None else batch,
                                prefetch=prefetch, poll_seconds=poll_seconds, lease_margin=self._margin)
         self.completer = Completer(self.store, self, renew_every=self.lease_seconds / 3)
         self.executor = Executor(deps, self.handlers, self.store, self.claims, self.fetcher, self.confirmer,

@@ -70,6 +70,9 @@ def test_prefetch_is_capped_at_one_batch() -> None:
     # until a kind's pace is known, one waits (a slow kind is not held away from other replicas)
     assert WorkerPool(deps, {}, workers=16, batch=100).capacity == 17
     assert WorkerPool(deps, {}, workers=2, batch=10, prefetch=1).capacity == 3
+    # the default batch: 10 a worker, at least 100, at most 200 (what a kill leaves leased)
+    assert [WorkerPool(deps, {}, workers=w).fetcher.batch for w in (1, 8, 16, 20, 64)] == [100, 100, 160, 200, 200]
+    assert [WorkerPool(deps, {}, workers=w).prefetch for w in (1, 8, 16, 64)] == [99, 92, 144, 136]
 
 
 @pytest.mark.parametrize("backlog_recipient", [None, "big"])
