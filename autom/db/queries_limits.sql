@@ -41,9 +41,13 @@ select case when exists (select 1 from took) then 0
 select autom_telegram_pushed(%(chat)s, %(after)s, %(threshold)s, %(window)s);
 
 -- name: prune_telegram_chats
--- Chats whose limit lies an hour behind behave exactly as chats never seen.
+-- Chats whose limit lies an hour behind behave exactly as chats never seen (their
+-- last send made, sent_next_at, included: migrations/0038).
 with gone as (
-    select chat_id from telegram_chats where next_send_at < now() - interval '1 hour' limit %(batch)s
+    select chat_id from telegram_chats
+     where next_send_at < now() - interval '1 hour'
+       and (sent_next_at is null or sent_next_at < now() - interval '1 hour')
+     limit %(batch)s
 )
 delete from telegram_chats c using gone where c.chat_id = gone.chat_id;
 

@@ -210,8 +210,10 @@ async def test_a_job_that_must_wait_gets_its_slot_reserved_and_takes_it_without_
     assert early.value.after <= queued.value.after
     slots = await db.fetch_all("select job_id, slot_at from telegram_reservations order by slot_at")
     assert [r["job_id"] for r in slots] == [second.id, third.id]
+    # its slot came (and the interval after the chat's last send made: migrations/0038)
     await db.execute("update telegram_reservations set slot_at = now() where job_id = %(id)s", {"id": second.id})
-    await limiter.acquire(42, job=second)  # its slot came: sent without another wait
+    await db.execute("update telegram_chats set sent_next_at = now() where chat_id = '42'")
+    await limiter.acquire(42, job=second)  # sent without another wait
     assert [r["job_id"] for r in await db.fetch_all("select job_id from telegram_reservations")] == [third.id]
     with pytest.raises(Defer):
         await limiter.acquire(42, job=first)  # a job without a slot waits behind the reserved ones
@@ -341,7 +343,8 @@ async def test_a_job_back_long_after_its_reserved_slot_sends_on_it_and_takes_no_
     # a minute passes: its slot long gone, the budget handed out 30 s ahead to other jobs
     await db.execute("update telegram_reservations set slot_at = slot_at - interval '60 seconds'")
     await db.execute("update telegram_budget set tat = clock_timestamp() + interval '30 seconds'")
-    await db.execute("update telegram_chats set next_send_at = next_send_at - interval '60 seconds'")
+    await db.execute("update telegram_chats set next_send_at = next_send_at - interval '60 seconds',"
+                     " sent_next_at = sent_next_at - interval '60 seconds'")
     tat = await db.fetch_val("select tat from telegram_budget")
     client = _client(telegram_stub.url, limiter)
     try:
@@ -390,3 +393,46 @@ async def test_late_slots_go_at_the_pace_of_the_sends_made_and_a_catch_up_takes_
     assert sent <= allowed, (sent, held)
     assert len(held) == 20 - sent, held  # each given the next slot (here behind the budget's end)
     assert await db.fetch_val("select count(*) from telegram_reservations where slot_at > now()") == len(held)
+
+
+async def test_a_late_slot_keeps_the_chats_interval_from_its_last_send_made(db: Any) -> None:
+    """Two jobs of one chat (not the chat's line) reserve its next two slots, one interval
+    apart; the first comes back late (its worker lagged) and sends then. The second, on time
+    for its own slot, would reach the chat sooner than the interval after the first: it
+    waits the rest of that interval, keeping its slot, and a new send to the chat waits too
+    (migrations/0038). Before, the second went on its slot: a strict per-chat limit said 429
+    (one in ten minutes in bench/sustained.py at 366 deliveries/s)."""
+    from autom.jobs.store import JobStore
+
+    limiter = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+    store = JobStore(db, lease_seconds=30)
+    ids = [await _job(db, str(n), recipient=None) for n in range(3)]
+    claims = {c.id: c for c in await store.claim(3)}
+    first, second, opener = (claims[i] for i in ids)
+    await limiter.acquire(42, job=opener)  # the chat's last send: now
+    slots = []
+    for job in (first, second):  # each reserves the chat's next slot: ~1 s and ~2 s ahead
+        with pytest.raises(Defer) as reserved:
+            await limiter.acquire(42, job=job)
+        slots.append(reserved.value.after)
+    assert 0.9 < slots[0] <= 1.0 and 1.9 < slots[1] <= 2.0
+    # time passes: the first's slot came a second ago (it was not run then), the second's now
+    shift = "interval '2 seconds'"
+    await db.execute(f"update telegram_reservations set slot_at = slot_at - {shift}")
+    await db.execute(f"update telegram_chats set next_send_at = next_send_at - {shift},"
+                     f" sent_next_at = sent_next_at - {shift}")
+    await limiter.acquire(42, job=first)  # late, on its slot: it sends now
+    with pytest.raises(Defer) as held:
+        await limiter.acquire(42, job=second)  # its slot is now, but the chat's last send just went
+    assert 0.9 < held.value.after <= 1.0, held.value.after
+    assert await db.fetch_val("select count(*) from telegram_reservations where job_id = %s", [second.id]) == 1
+    with pytest.raises(Defer) as fresh:  # a send without a reservation also keeps the interval
+        await limiter.acquire(42)
+    assert fresh.value.after > 0.9
+    # a second later the second sends on its kept slot, without taking more of the budget
+    await db.execute("update telegram_reservations set slot_at = slot_at - interval '1 second'")
+    await db.execute("update telegram_chats set sent_next_at = sent_next_at - interval '1 second'")
+    tat = await db.fetch_val("select tat from telegram_budget")
+    await limiter.acquire(42, job=second)
+    assert await db.fetch_val("select tat from telegram_budget") == tat
+    assert await db.fetch_val("select count(*) from telegram_reservations") == 0
