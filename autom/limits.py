@@ -44,6 +44,8 @@ MAX_TEXT = 4096
 CHAT_KINDS = ("telegram.send", "telegram.message", "telegram.callback", "telegram.edited")
 #: How long one try at recording a part sent may take before it is tried again.
 RECORD_TRY_SECONDS = 5.0
+#: How long recording a send made (``SendLimiter.sent``) may take before it is given up.
+SENT_RECORD_SECONDS = 1.0
 #: At most one log line per wait reason in this many seconds (the rest are counted).
 WAIT_LOG_SECONDS = 60.0
 #: A job's send that could not reach the limits (the database away) is deferred this long,
@@ -154,6 +156,34 @@ class SendLimiter:
             deferred = Defer(text, after=wait)
             deferred.quiet = True  # counted and logged here, not once per job
             raise deferred
+
+    async def sent(self, chat_id: int | str, *, interval: float | None = None, job: Job | None = None) -> None:
+        """A message to ``chat_id`` was sent and Telegram answered: the chat's next one goes no
+        sooner than its interval from now (``sent_next_at``, migrations/0038), in every replica;
+        ``job``'s line, when it is the chat, has its next job moved there too (``on_due`` told).
+
+        The take records the same from its own moment; the send reaches Telegram later, by
+        however long this process took to make it (a busy process: tens of milliseconds), so
+        two sends taken exactly an interval apart could arrive closer. Telegram's answer comes
+        after the message arrived: counted from it, they cannot. Best effort: the database
+        not answering within ``SENT_RECORD_SECONDS`` is logged at debug (the take's record
+        stands), so a send made just before the database went away is not held up by it."""
+        spacing = self.interval(chat_id) if interval is None else interval
+        if spacing <= 0:
+            return
+        line_in = None
+        with trio.move_on_after(SENT_RECORD_SECONDS) as scope:
+            try:
+                line_in = await self._db.fetch_val(Q.telegram_sent, {
+                    "chat": str(chat_id), "interval": spacing, "job": job.id if job is not None else None,
+                    "line": job.recipient if job is not None else None, "line_kinds": list(CHAT_KINDS),
+                }, prepare=True)
+            except (DatabaseUnavailable, QueryError) as exc:
+                log.debug("could not record a send to chat %s: %s", chat_id, exc)
+        if scope.cancelled_caught:
+            log.debug("could not record a send to chat %s within %.1f s", chat_id, SENT_RECORD_SECONDS)
+        if line_in is not None and self.on_due is not None:
+            self.on_due(float(line_in))
 
     async def space(self, chat_id: int | str) -> float:
         """An alert's turn in ``chat_id``: 0.0 when its spacing allows a message now (taken),

@@ -206,6 +206,8 @@ class TelegramClient:
             if isinstance(exc, ChatBlocked) or "message is not modified" not in str(exc):
                 raise
             return {"message_id": message_id}
+        if self.limiter is not None:
+            await self.limiter.sent(chat_id, job=self._job)
         result = body.get("result")
         return result if isinstance(result, dict) else {"message_id": message_id}
 
@@ -272,6 +274,9 @@ class TelegramClient:
             if slot is not None and job is not None and limiter is not None:
                 message_id = result.get("message_id") if isinstance(result, dict) else None
                 await self._record(limiter, job, slot, index + 1, message_id)
+        if limiter is not None and not priority:  # alerts keep to their own spacing (``space``)
+            # the chat's interval from Telegram's answer, not only from the take
+            await limiter.sent(chat_id, job=job)
         return result if isinstance(result, dict) else {"result": result}
 
     async def _guarded(self, method: str, chat_id: int | str | None, params: dict[str, Any], *,

@@ -9,8 +9,10 @@
 -- (telegram_chats.sent_next_at: the send's moment plus its parts' interval), and a send,
 -- reserved or new, goes no sooner: a reserved slot that comes back too soon after the
 -- chat's last send waits the rest of the interval, keeping its slot (its budget was paid);
--- a new slot is taken no sooner than that moment either. Alerts (priority) keep to their
--- own spacing (telegram_chat_space) and are recorded like any send.
+-- a new slot is taken no sooner than that moment either. Telegram's answer to a send
+-- moves it again (queries_limits.sql, telegram_sent: the answer comes after the message
+-- arrived, and a busy process makes the send some milliseconds after its take). Alerts
+-- (priority) keep to their own spacing (telegram_chat_space); the take records them too.
 alter table telegram_chats add column sent_next_at timestamptz;
 
 -- autom_telegram_take as in 0036, with the chat's sends made (above).

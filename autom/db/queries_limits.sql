@@ -36,6 +36,36 @@ select case when exists (select 1 from took) then 0
                              from telegram_chats c, now where c.chat_id = %(chat)s and c.next_send_at > now.t),
                           %(interval)s) end;
 
+-- name: telegram_sent
+-- A message to the chat was sent and answered: its next one no sooner than %(interval)s
+-- seconds from now (SendLimiter.sent; migrations/0038), and the next job of the sending
+-- job's line (%(line)s, when it is the chat: the take moved it to the chat's next slot,
+-- counted from the take) no sooner either, so that it is not claimed only to wait those
+-- few milliseconds more. Returns in how many seconds that job is due (no row: none moved).
+-- Commits without waiting for the disk, as the take does.
+with sync as (select set_config('synchronous_commit', 'off', true)),
+chat as (
+    update telegram_chats c
+       set sent_next_at = greatest(c.sent_next_at, clock_timestamp() + make_interval(secs => %(interval)s))
+      from sync
+     where c.chat_id = %(chat)s
+    returning c.sent_next_at
+),
+behind as (
+    select h.id from jobs h
+     where h.recipient = %(line)s and %(line)s = %(chat)s and h.due_at is not null and h.id <> %(job)s::bigint
+     order by coalesce(h.queued_at, h.run_at), h.id
+     limit 1
+),
+moved as (
+    update jobs j set queued_at = coalesce(j.queued_at, j.run_at), run_at = chat.sent_next_at, updated_at = now()
+      from chat, behind
+     where j.id = behind.id and j.status = 'pending' and j.kind = any (%(line_kinds)s::text[])
+       and j.run_at < chat.sent_next_at
+    returning j.run_at
+)
+select extract(epoch from moved.run_at - clock_timestamp())::float8 as line_in from moved;
+
 -- name: telegram_pushed
 -- A 429 for the chat: hold it for %(after)s seconds; true when all sends pause.
 select autom_telegram_pushed(%(chat)s, %(after)s, %(threshold)s, %(window)s);

@@ -436,3 +436,34 @@ async def test_a_late_slot_keeps_the_chats_interval_from_its_last_send_made(db: 
     await limiter.acquire(42, job=second)
     assert await db.fetch_val("select tat from telegram_budget") == tat
     assert await db.fetch_val("select count(*) from telegram_reservations") == 0
+
+
+async def test_the_chats_interval_counts_from_telegrams_answer_to_a_send(
+    db: Any, telegram_stub: TelegramStub
+) -> None:
+    """A send reaches Telegram some time after its take (a busy process); the chat's next
+    message keeps the interval from Telegram's answer (``SendLimiter.sent``), so two sends
+    taken an interval apart cannot arrive closer than it."""
+    limiter = SendLimiter(db, chat_rate=1.0, global_rate=30.0)
+    await limiter.acquire(42)  # taken now; the send goes half a second later
+    await trio.sleep(0.5)
+    await limiter.sent(42)
+    with pytest.raises(Defer) as waited:
+        await limiter.acquire(42)
+    assert waited.value.after > 0.6, waited.value.after  # from the take alone: at most 0.5
+    # the client records it after each message it sent, and after an edit: Telegram answers
+    # 0.4 s after the take here, and the chat's next message is a second after the answer
+    telegram_stub.plan("sendMessage", [Reply(delay=0.4)], chat_id=7)
+    telegram_stub.plan("editMessageText", [Reply(delay=0.4)], chat_id=7)
+    gap = "extract(epoch from sent_next_at - clock_timestamp())"
+    client = _client(telegram_stub.url, limiter)
+    try:
+        await client.send_message(7, "hello")
+        after_send = await db.fetch_val(f"select {gap} from telegram_chats where chat_id = '7'")
+        await db.execute("update telegram_chats set next_send_at = now(), sent_next_at = now() where chat_id = '7'")
+        await client.edit_message(7, 1, "edited")
+        after_edit = await db.fetch_val(f"select {gap} from telegram_chats where chat_id = '7'")
+    finally:
+        await client.aclose()
+    assert after_send > 0.8 and after_edit > 0.8, (after_send, after_edit)  # from the take: at most 0.6
+    await limiter.sent(99)  # a chat without a row: nothing to record, no error
