@@ -40,7 +40,7 @@ def claim_batch(workers: int) -> int:
 
     A bigger claim costs less CPU a job on both sides (fewer statements); a drain of
     quick jobs over 1,000 recipients with 16 workers ran ~1.2x faster at 160 than at 100
-    (bench/RESULTS.md, "The claim batch from WORKERS"). The cap bounds what one process
+    (bench/RESULTS.md, "Speed round six"). The cap bounds what one process
     holds claimed, and so what a kill leaves leased."""
     return min(BATCH_MAX, max(BATCH_MIN, BATCH_PER_WORKER * workers))
 
