@@ -9,6 +9,7 @@ Design notes (claims ahead, the idle path's claim of two): docs/design/worker.md
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("autom.worker")
 
 
+#: the most moments of jobs due later a fetcher keeps (``note_due``; beyond, the latest go:
+#: the poll finds those jobs)
+LOCAL_DUES = 256
 #: the most jobs one claim takes (and one pool holds), per worker: ``claim_batch``
 BATCH_PER_WORKER = 10
 #: ``claim_batch``'s bounds: the default's floor, and its cap (what a kill -9 leaves
@@ -79,7 +83,7 @@ class Fetcher:
         #: this pool's row of the start order (``worker_starts``), once registered
         self.claimant: int | None = None
         self._ticket = 0  # the last start ticket handed out
-        self._next_local_due = math.inf  # earliest retry this process scheduled (trio clock)
+        self._local_dues: list[float] = []  # a heap: when jobs this process wrote become due (trio clock)
         self._room_bell = Doorbell()  # rung when the fetcher waits for room and there is enough
         self._wants_room = False
         self._stopping = Doorbell()  # rung once shutdown is set
@@ -114,15 +118,28 @@ class Fetcher:
         self._room_bell.set()
         self.deps.doorbell.set()
 
+    @property
+    def _next_local_due(self) -> float:
+        """The earliest moment a job this process wrote becomes due (trio clock), or inf."""
+        return self._local_dues[0] if self._local_dues else math.inf
+
     def note_due(self, delay: float) -> None:
-        """A job this process wrote becomes due in ``delay`` seconds: look for work then at the latest."""
-        self._next_local_due = min(self._next_local_due, trio.current_time() + delay)
+        """A job this process wrote becomes due in ``delay`` seconds: look for work then at the latest.
+
+        Every such moment is kept (up to ``LOCAL_DUES``, the earliest), not only the earliest:
+        a job moved later after an earlier moment was noted (a chat's next job, moved again
+        when Telegram answered: limits.SendLimiter.sent) is looked for at its own time, not
+        at the next poll after the earlier moment found nothing."""
+        dues = self._local_dues
+        heapq.heappush(dues, trio.current_time() + max(0.0, delay))
+        if len(dues) > LOCAL_DUES:
+            dues[:] = heapq.nsmallest(LOCAL_DUES // 2, dues)
 
     def due_in(self, delay: float) -> None:
         """``note_due``, and wake the fetcher now if that is earlier than it meant to look."""
-        due = trio.current_time() + max(0.0, delay)
-        if due < self._next_local_due:
-            self._next_local_due = due
+        earliest = self._next_local_due
+        self.note_due(delay)
+        if self._next_local_due < earliest:
             self.deps.doorbell.set()  # the fetcher, asleep until its poll, recomputes its sleep
 
     async def run(self) -> None:
@@ -196,8 +213,10 @@ class Fetcher:
         with trio.move_on_after(timeout):
             await self.deps.doorbell.wait_after(seen)
         # forgotten only once it came: a ring before it (due_in's own) must not lose it
-        if self._next_local_due <= trio.current_time():
-            self._next_local_due = math.inf
+        now = trio.current_time()
+        dues = self._local_dues
+        while dues and dues[0] <= now:
+            heapq.heappop(dues)
 
     async def _sweep(self) -> None:
         try:
