@@ -116,19 +116,25 @@ begin
             b.tat := greatest(b.tat, slot) + spent;
         end if;
         chat_next := slot + make_interval(secs => parts * chat_interval);
-        insert into telegram_chats as c (chat_id, next_send_at)
-        values (chat, chat_next)
-        on conflict (chat_id) do update set next_send_at = excluded.next_send_at;
+        -- a send that goes now (slot = t) also records the chat's next send by the sends
+        -- made, in the same row version
+        insert into telegram_chats as c (chat_id, next_send_at, sent_next_at)
+        values (chat, chat_next, case when wait = 0 then chat_next end)
+        on conflict (chat_id) do update
+            set next_send_at = excluded.next_send_at,
+                sent_next_at = coalesce(excluded.sent_next_at, c.sent_next_at);
         if wait > 0 then
             insert into telegram_reservations (job_id, chat_id, slot_at, parts) values (job, chat, slot, parts)
             on conflict (job_id, chat_id) do update set slot_at = excluded.slot_at, parts = excluded.parts;
         end if;
     end if;
     if wait = 0 then  -- a send goes now: counted against the 429s (autom_telegram_pushed)
-        -- and the chat's next message goes no sooner than its interval after this one
-        insert into telegram_chats as c (chat_id, next_send_at, sent_next_at)
-        values (chat, t + make_interval(secs => parts * chat_interval), t + make_interval(secs => parts * chat_interval))
-        on conflict (chat_id) do update set sent_next_at = excluded.sent_next_at;
+        if taken then  -- on its reserved slot: the chat's next send by the sends made (a new
+                       -- slot's send wrote it with the chat's row above)
+            insert into telegram_chats as c (chat_id, next_send_at, sent_next_at)
+            values (chat, t + make_interval(secs => parts * chat_interval), t + make_interval(secs => parts * chat_interval))
+            on conflict (chat_id) do update set sent_next_at = excluded.sent_next_at;
+        end if;
         decay := exp(-least(greatest(extract(epoch from t - b.flood_at), 0) / b.flood_memory, 50));
         b.flood_sent := b.flood_sent * decay + parts;
         b.flood_refused := b.flood_refused * decay;

@@ -146,15 +146,11 @@ class JobStore:
         #: how long a job's refused deferrals may last in a row before it fails (MAX_DEFER_SECONDS)
         self.max_defer_seconds = float(max_defer_seconds)
         self._rand = rand
-        # the claims of one and of two jobs: the batch claim with n and the lease written
-        # in, and (``_few``) the claimant, for a claim whose jobs all start at once. With no
-        # parameter left, PostgreSQL plans the prepared statement once, generic from its
-        # first run; a parameter in it made the first five runs on each connection plan
-        # anew, ~1 ms each (bench/RESULTS.md, "Where idle enqueue → start goes")
-        self._claim_few_texts = {(n, durable): Q.claim.replace("%(n)s", str(n))
-                                 .replace("%(lease_seconds)s", repr(self.lease_seconds))
-                                 .replace("%(durable)s", str(durable).lower())
-                                 for n in (1, 2) for durable in (False, True)}
+        # the claims of one and of two jobs whose jobs all start at once (``_few``): the
+        # batch claim with every value written in, the claimant's too. With no parameter
+        # left, PostgreSQL plans the prepared statement once, generic from its first run;
+        # a parameter in it made the first five runs on each connection plan anew, ~1 ms
+        # each (bench/RESULTS.md, "Where idle enqueue → start goes")
         self._claim_few: dict[tuple[int, bool, int | None], str] = {}
 
     async def enqueue(self, job: NewJob, tx: Tx | None = None) -> int | None:
@@ -210,29 +206,29 @@ class JobStore:
         batch is planned each time (a cached plan was slower on a large backlog:
         docs/design/worker.md).
         """
-        counted = ({"claimant": None, "ticket": 0, "now_n": n} if ahead is None else
-                   {"claimant": ahead.claimant, "ticket": ahead.ticket, "now_n": ahead.now_n})
-        claimant, now_n = (None, n) if ahead is None else (ahead.claimant, ahead.now_n)
+        claimant, ticket, now_n = (None, 0, n) if ahead is None else (ahead.claimant, ahead.ticket, ahead.now_n)
         few = self._few(n, durable, claimant) if now_n >= n else None
         if few is not None:
             rows = await self.db.fetch_all(few, prepare=True)
         else:
-            rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds,
-                                                     "durable": durable, **counted})
+            rows = await self.db.fetch_all(Q.claim, {"n": n, "lease_seconds": self.lease_seconds, "durable": durable,
+                                                     "claimant": claimant, "ticket": ticket, "now_n": now_n})
         return _jobs(rows, None if ahead is None else ahead.tickets)
 
     def _few(self, n: int, durable: bool, claimant: int | None) -> str | None:
         """The claim of ``n`` (1 or 2) jobs that all start at once (their tickets 0) for
         ``claimant``, every value written in (None: not such a claim)."""
+        if n not in (1, 2):
+            return None
         key = (n, durable, claimant)
         text = self._claim_few.get(key)
         if text is None:
-            base = self._claim_few_texts.get((n, durable))
-            if base is None:
-                return None
-            written = "null" if claimant is None else str(int(claimant))
-            text = self._claim_few[key] = (base.replace("%(claimant)s", written)
-                                           .replace("%(ticket)s", "0").replace("%(now_n)s", str(n)))
+            values = {"n": str(n), "lease_seconds": repr(self.lease_seconds), "durable": str(durable).lower(),
+                      "claimant": "null" if claimant is None else str(int(claimant)), "ticket": "0", "now_n": str(n)}
+            text = Q.claim
+            for name, value in values.items():
+                text = text.replace(f"%({name})s", value)
+            self._claim_few[key] = text
         return text
 
     async def register_claimant(self) -> int:
