@@ -1,6 +1,7 @@
 """The Telegram Bot API client: messages to chats, alerts to the operators' chat.
 
-``open_telegram(settings)`` owns an ``httpx.AsyncClient`` and yields a ``TelegramClient``
+``open_telegram(settings)`` owns its HTTP road to the Bot API (``autom.origin``'s kept-alive
+connections; httpx behind a proxy or with traces on) and yields a ``TelegramClient``
 (``send_message``, ``edit_message``, ``answer_callback``, ``alert``; ``for_job`` binds it to
 one claim, so a split text's parts are recorded as sent and resumed). Outcomes map onto
 the error tree through ``autom.checks`` (429 ``Retry``, a blocked chat ``ChatBlocked``,
@@ -29,6 +30,7 @@ from autom.checks import check, classify_exception, one_line
 from autom.config import Settings
 from autom.errors import ChatBlocked, ConfigError, Defer, JobError, LeaseLost, PermanentError, Retry, TransientError
 from autom.limits import MAX_TEXT, SendLimiter, split_text, units
+from autom.origin import OriginClient, environment_proxied
 
 if TYPE_CHECKING:
     from autom.jobs.models import Job
@@ -82,9 +84,14 @@ class TelegramClient:
         #: the button presses this client answered (``answered``)
         self._answered: set[str] = set()
         self._http = http
+        #: the lean road to the Bot API (autom/origin.py), unless a proxy or tracing asks for httpx
+        self._origin: OriginClient | None = None
         if self._owns_http:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
-            tracing.instrument_http(self._http, secret=self._token)
+            if tracing.active() or environment_proxied(self._api):
+                self._http = httpx.AsyncClient(timeout=httpx.Timeout(settings.http_timeout_seconds))
+                tracing.instrument_http(self._http, secret=self._token)
+            else:
+                self._origin = OriginClient(self._api, timeout=settings.http_timeout_seconds)
         #: Telegram's send limits shared by every replica (autom/limits.py); the service sets it
         self.limiter: SendLimiter | None = None
         if self._token:
@@ -117,6 +124,8 @@ class TelegramClient:
         """Close the HTTP client if this object created it."""
         if self._owns_http and self._http is not None:
             await self._http.aclose()
+        if self._owns_http and self._origin is not None:
+            await self._origin.aclose()
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Call Bot API ``method`` with JSON ``params``; return Telegram's whole answer.
@@ -131,13 +140,17 @@ class TelegramClient:
         if self._log_only:
             self._log_call(method, params)
             return {"ok": True, "result": dict(LOG_ONLY_RESULT), "log_only": True}
-        assert self._http is not None
         what = f"telegram {method}"
-        url = f"{self._api}/bot{self._token}/{method}"
+        path = f"/bot{self._token}/{method}"
         error: JobError | None = None
         try:
             with trio.fail_after(self._deadline):
-                response = await self._http.post(url, json=params)
+                if self._origin is not None:
+                    response = await self._origin.post_json(path, params)
+                    logger.debug("telegram %s: HTTP %d", method, response.status_code)
+                else:
+                    assert self._http is not None
+                    response = await self._http.post(self._api + path, json=params)
         except Exception as exc:  # httpx errors carry the URL: translate all of them
             error = classify_exception(exc, what)
         # raised outside the except block so the httpx exception is not even the __context__

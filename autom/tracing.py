@@ -49,6 +49,11 @@ _on: _Tracing | None = None
 _setup_done = False
 
 
+def active() -> bool:
+    """Whether this process records traces (``setup`` started them)."""
+    return _on is not None
+
+
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether OpenTelemetry's environment in ``environ`` asks for traces: OTEL_TRACES_EXPORTER
     set and not ``none``, or (unset) an OTLP endpoint given; never with OTEL_SDK_DISABLED=true."""

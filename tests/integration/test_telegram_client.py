@@ -189,17 +189,22 @@ async def test_server_down_is_transient_without_token() -> None:
     assert_no_token(info.value)
 
 
+@pytest.mark.parametrize("road", ["own", "httpx"])
 async def test_token_never_in_logs_or_errors(
     telegram_stub: TelegramStub,  # noqa: F811
     caplog: pytest.LogCaptureFixture,
+    road: str,
 ) -> None:
+    """On either road to the Bot API: its own (autom.origin), or httpx (a proxy, tracing, a
+    client handed in), whose request log carries the URL."""
     caplog.set_level(logging.DEBUG)
     errors: list[JobError] = []
     telegram_stub.plan(
         "sendMessage",
         [Reply(502), Reply(400, description=f"Bad Request: echo /bot{TOKEN}/sendMessage"), Reply(hang=True)],
     )
-    async with open_telegram(settings_for(telegram_stub.url)) as tg:
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        tg = TelegramClient(settings_for(telegram_stub.url), http if road == "httpx" else None)
         for _ in range(3):
             try:
                 await tg.send_message(42, "x")
@@ -207,12 +212,16 @@ async def test_token_never_in_logs_or_errors(
                 errors.append(exc)
         await tg.send_message(42, "ok")
         assert TOKEN not in repr(tg)
-    async with open_telegram(settings_for(closed_port_url())) as tg:
-        assert not await tg.alert("the stub is down")
+        await tg.aclose()
+    async with open_telegram(settings_for(closed_port_url())) as down:
+        assert not await down.alert("the stub is down")
     assert len(errors) == 3
     for exc in errors:
         assert_no_token(exc)
-    assert any("HTTP Request" in r.getMessage() for r in caplog.records), "httpx's request log was expected"
+    if road == "httpx":
+        assert any("HTTP Request" in r.getMessage() for r in caplog.records), "httpx's request log was expected"
+    else:
+        assert "telegram sendMessage: HTTP 502" in caplog.messages
     for record in caplog.records:
         assert TOKEN not in record.getMessage(), record.getMessage()
         assert record.exc_info is None or TOKEN not in "".join(traceback.format_exception(*record.exc_info))
@@ -225,8 +234,8 @@ async def test_odd_shaped_token_is_redacted_in_httpx_logs_too(
 ) -> None:
     odd = "not-shaped-like-a-bot-token"
     caplog.set_level(logging.DEBUG)
-    async with open_telegram(settings_for(telegram_stub.url, telegram_bot_token=odd)) as tg:
-        await tg.send_message(1, "x")
+    async with httpx.AsyncClient() as http:  # the road whose request log carries the URL
+        await TelegramClient(settings_for(telegram_stub.url, telegram_bot_token=odd), http).send_message(1, "x")
     assert telegram_stub.calls[0].token == odd
     assert any("HTTP Request" in r.getMessage() for r in caplog.records)
     assert odd not in caplog.text
