@@ -25,6 +25,12 @@ and ``wrk``. Each round runs, one after the other:
    intake and against the same server's no-database route (a wrong secret: 401),
    alternating.
 
+Before the first round, ``--warmup`` (1) uncounted runs of the worker part (both autom and
+PGQueuer, into ``warmup-N/``, not in the table): the first round of a run was autom's
+lowest in every run, with the worker's CPU a job 30 % above the later rounds' for the
+same code (bench/RESULTS.md, "Speed round six"): a cold machine, not the queue, and
+a ratio of every round then measures the machine's first minute. Both systems warm alike.
+
 With ``--base-src DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/base
 main``) every part also runs that code (``PYTHONPATH=DIR``, rows "autom base")
 right after this checkout's, and the table adds the ratio to it.
@@ -351,6 +357,14 @@ def run(args: argparse.Namespace) -> int:
     intake = [py, str(HERE / "intake.py"), "--levels", "16", "--rounds", str(args.intake_rounds),
               "--duration", str(args.intake_seconds), "--out", speed]
     t0 = time.monotonic()
+    if "worker" in parts:
+        for n in range(1, args.warmup + 1):  # uncounted: see the module docstring
+            print(f"== warm-up {n}/{args.warmup}, not counted (load {os.getloadavg()[0]:.2f}) ==",
+                  file=sys.stderr, flush=True)
+            step("worker warm-up (drain both lanes, idle latency, PGQueuer)",
+                 ["bash", str(HERE / "run_worker_bench.sh")],
+                 {**env, "RUNS": "1", "FIRST_REP": "1", "OTHER_PEERS": "", "FAIRNESS": "0",
+                  "OUT": str(out / f"warmup-{n}")}, out / f"warmup-{n}.log")
     with LoadSampler() as sampler:
         for n in range(1, args.runs + 1):
             started, failed = time.time(), []
@@ -396,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=int(env("RUNS", "3")), help="rounds (default 3)")
+    parser.add_argument("--warmup", type=int, default=int(env("WARMUP", "1")),
+                        help="uncounted runs of the worker part before the first round (default 1)")
     parser.add_argument("--quick", action="store_true",
                         help="one short round: 5,000 jobs, 50 latency and reply samples, 2 s intake runs")
     parser.add_argument("--jobs", type=int, default=int(env("N_JOBS", "20000")), help="jobs per drain")
@@ -420,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.jobs, args.lat_n, args.reply_n, args.burst, args.intake_seconds = 1, 5000, 50, 50, 500, 2.0
+        args.warmup = 0
     unknown = set(args.only.split(",")) - set(PARTS)
     if unknown:
         parser.error(f"--only: unknown parts {sorted(unknown)}")

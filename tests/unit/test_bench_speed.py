@@ -160,6 +160,10 @@ def test_report_reads_a_run_folder(speed: Any, tmp_path: Path) -> None:
         "".join(json.dumps(r) + "\n" for r in worker if r["system"] != "autom"))
     (tmp_path / "speed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in speed_recs))
     (tmp_path / "rounds.jsonl").write_text(json.dumps({"round": 1, "load_mean": 1.0, "load_max": 1.5}) + "\n")
+    # the warm-up's figures (``--warmup``) are not counted
+    (tmp_path / "warmup-1").mkdir()
+    (tmp_path / "warmup-1" / "autom.jsonl").write_text(
+        "".join(json.dumps({**r, "start_to_stopped_jobs_per_s": 1}) + "\n" for r in autom if "jobs_per_s" in r))
     text = speed.report(tmp_path)
     assert "| drain, no recipient (jobs/s, worker start → stopped) | 16k (10k–18k) | PGQueuer |" in text
     assert "round 1: 1.00, 1.50" in text
