@@ -26,10 +26,10 @@ and ``wrk``. Each round runs, one after the other:
    alternating.
 
 Before the first round, ``--warmup`` (1) uncounted runs of the worker part (both autom and
-PGQueuer, into ``warmup-N/``, not in the table): the first round of a run was autom's
-lowest in every run, with the worker's CPU a job 30 % above the later rounds' for the
-same code (bench/RESULTS.md, "Speed round six"): a cold machine, not the queue, and
-a ratio of every round then measures the machine's first minute. Both systems warm alike.
+PGQueuer, into ``warmup-N/``, not in the table), so that a cold machine's first minute is
+nobody's round: in round six the first round was autom's lowest in every run; in round
+seven PGQueuer's warm-up drain was its lowest (1.5k against 3.2–3.4k) while autom's
+first counted recipients drain was still its lowest (bench/RESULTS.md, "Speed round seven").
 
 With ``--base-src DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/base
 main``) every part also runs that code (``PYTHONPATH=DIR``, rows "autom base")

@@ -118,7 +118,7 @@ async def test_a_server_that_closes_idle_connections_costs_a_new_one_not_an_erro
     client = OriginClient(server.url, timeout=5)
     for _ in range(3):
         assert (await client.post_json("/x", {})).status_code == 200
-        await trio.sleep(0.05)  # the server's close reaches us: the idle socket reads EOF
+        await trio.sleep(0.2)  # the server's close reaches us: the idle socket reads EOF
     assert server.connections == 3
 
 
@@ -134,10 +134,10 @@ async def test_connection_close_answers_are_not_reused(server: Server) -> None:
 
 
 async def test_idle_connections_expire(server: Server) -> None:
-    client = OriginClient(server.url, timeout=5, keepalive_seconds=0.05)
+    client = OriginClient(server.url, timeout=5, keepalive_seconds=0.5)
     await client.post_json("/x", {})
     await client.post_json("/x", {})
-    await trio.sleep(0.1)
+    await trio.sleep(0.6)
     await client.post_json("/x", {})
     assert server.connections == 2
 
@@ -198,7 +198,10 @@ async def test_at_most_max_connections_at_once(server: Server) -> None:
     async with trio.open_nursery() as nursery:
         for i in range(6):
             nursery.start_soon(client.post_json, "/x", {"i": i})
-        await trio.sleep(0.3)
+        with trio.fail_after(5):
+            while len(server.requests) < 2:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)
         assert server.most == 2 and len(server.requests) == 2  # the other four wait for a connection
         server.gate.set()
     assert len(server.requests) == 6 and server.connections == 2
