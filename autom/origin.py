@@ -7,15 +7,16 @@ itself: ~2 ms a POST against ~1.5 for the whole exchange on bare h11 on this pro
 ``OriginClient.post_json`` sends one request on an idle kept-alive connection (or a new
 one, at most ``max_connections`` at once) and answers an ``httpx.Response``, so what reads
 answers (autom.checks) is the same for both roads; what fails raises httpx's own
-exceptions (``httpx.ConnectError``, ``ReadError``, ``RemoteProtocolError``, ``ReadTimeout``
-...), which ``autom.checks.classify_exception`` already sorts.
+exceptions (``httpx.ConnectError``, ``ReadError``, ``RemoteProtocolError``, ``ReadTimeout``,
+``InvalidURL`` for a path HTTP/1.1 cannot carry ...), which ``autom.checks.classify_exception`` already sorts.
 
 Invariants: a connection goes back to the idle list only after a whole exchange that
 leaves both sides ready for the next one (h11's DONE/DONE); anything else, a cancel
 included, closes it. An idle connection the server closed (its socket readable), or idle
 longer than ``keepalive_seconds`` (httpx's 5 s), is dropped before use, never retried
-after a request was written. Every request is bounded by ``timeout`` (connect, write and
-read together), the caller's own deadline besides. Not for: proxies (``environment_proxied``
+after a request was written. Every request is bounded by ``timeout`` (the wait for a free
+connection, connect, write and read together: ``PoolTimeout``, ``ConnectTimeout``, nothing
+sent; ``ReadTimeout``), the caller's own deadline besides. Not for: proxies (``environment_proxied``
 tells; the Telegram client keeps httpx then), HTTP/2, compression, redirects.
 """
 
@@ -95,47 +96,71 @@ class OriginClient:
     async def request(self, method: str, path: str, body: bytes = b"", *,
                       content_type: str | None = None) -> httpx.Response:
         """One exchange on a kept-alive connection; raises httpx's exceptions (see the module)."""
-        if self._closed:
-            raise httpx.ConnectError("the client is closed")
         headers = [("Host", self._host_header), ("User-Agent", self._user_agent), ("Accept", "*/*"),
                    ("Content-Length", str(len(body)))]
         if content_type is not None:
             headers.append(("Content-Type", content_type))
-        request = h11.Request(method=method, target=self._prefix + path, headers=headers)
-        async with self._slots:
-            try:
-                with trio.fail_after(self._timeout):
-                    conn = self._reuse() or await self._connect()
+        try:
+            request = h11.Request(method=method, target=self._prefix + path, headers=headers)
+        except (h11.LocalProtocolError, UnicodeError):
+            # a path (a bot token) with a space, a line break or a non-ASCII character: a
+            # mistake of configuration, not of the network; the path is not repeated (secrets)
+            raise httpx.InvalidURL("the request's path or a header is not valid in HTTP/1.1") from None
+        phase = "slot"  # what the deadline cut short: waiting for a connection, connecting, the exchange
+        try:
+            with trio.fail_after(self._timeout):
+                async with self._slots:
+                    if self._closed:  # (also when it closed while this request waited for a slot)
+                        raise httpx.ConnectError("the client is closed")
+                    conn = self._reuse()
+                    if conn is None:
+                        phase = "connect"
+                        conn = await self._connect()
+                    phase = "exchange"
                     try:
                         status, reason, answer, content = await self._exchange(conn, request, body)
                     except BaseException:
                         conn.close()  # half an exchange: the connection's state is unknown
                         raise
-            except trio.TooSlowError:
-                raise httpx.ReadTimeout(f"no complete answer within {self._timeout:g}s") from None
+        except trio.TooSlowError:
+            if phase == "slot":
+                raise httpx.PoolTimeout(f"no free connection within {self._timeout:g}s") from None
+            if phase == "connect":  # nothing was sent
+                raise httpx.ConnectTimeout(f"cannot connect within {self._timeout:g}s") from None
+            raise httpx.ReadTimeout(f"no complete answer within {self._timeout:g}s") from None
         return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
 
     def _reuse(self) -> _Conn | None:
+        """The most recently used idle connection still good (the likeliest open), after
+        closing every one the server closed (its socket reads EOF) or that waited too long:
+        after a burst, the ones steady single calls never reach do not linger half-closed."""
         now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()  # the most recently used: the likeliest still open
+        good = []
+        for conn in self._idle:
             if now - conn.idle_since < self._keepalive and not conn.sock.is_readable():
-                return conn
-            conn.close()  # the server closed it (EOF readable), or it waited too long
-        return None
+                good.append(conn)
+            else:
+                conn.close()
+        self._idle = good
+        return good.pop() if good else None
 
     async def _connect(self) -> _Conn:
         try:
             if self._ssl is not None:
                 stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
                     self._host, self._port, ssl_context=self._ssl, https_compatible=True)
-                await stream.do_handshake()  # type: ignore[attr-defined]
                 sock = stream.transport_stream.socket  # type: ignore[attr-defined]
+                try:
+                    await stream.do_handshake()  # type: ignore[attr-defined]
+                except BaseException:
+                    sock.close()  # a refused or cut-short handshake leaves no socket open
+                    raise
             else:
                 stream = await trio.open_tcp_stream(self._host, self._port)
                 sock = stream.socket
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(f"cannot connect: {type(exc).__name__}: {exc}") from None
+            cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ else exc
+            raise httpx.ConnectError(f"cannot connect: {type(cause).__name__}: {cause}") from None
         return _Conn(stream, sock)
 
     async def _exchange(self, conn: _Conn, request: h11.Request, body: bytes
@@ -176,11 +201,14 @@ class OriginClient:
                 raise httpx.RemoteProtocolError("the server closed the connection without a whole answer")
             # an InformationalResponse (100 Continue...) is passed over
         assert response is not None  # h11 gives a Response before any Data or EndOfMessage
-        if h.our_state is h11.DONE and h.their_state is h11.DONE and not self._closed:
+        # reused only when nothing came after the answer: bytes read past it (a second answer, a
+        # body longer than its Content-Length) would be the next request's answer
+        if (h.our_state is h11.DONE and h.their_state is h11.DONE and h.trailing_data == (b"", False)
+                and not self._closed):
             h.start_next_cycle()
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
-        else:  # "Connection: close", or the server said more than one answer
+        else:  # "Connection: close", or the server said more than its answer
             conn.close()
         return response.status_code, response.reason, list(response.headers), bytes(content)
 

@@ -5,6 +5,7 @@ and the Telegram client's road through a proxy the environment names."""
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -38,9 +39,17 @@ class Server:
     gate: trio.Event | None = None
     inflight: int = 0
     most: int = 0
+    #: connections that ended (the client closed its side, or the server did)
+    ended: int = 0
 
     async def serve(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
+        try:
+            await self._serve(stream)
+        finally:
+            self.ended += 1
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
         conn = h11.Connection(h11.SERVER)
         served = 0
         try:
@@ -161,8 +170,12 @@ async def test_a_cancel_mid_exchange_closes_that_connection(server: Server) -> N
 
     server.answer = maybe_hang
     client = OriginClient(server.url, timeout=5)
-    with trio.move_on_after(0.2):
-        await client.post_json("/x", {})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.post_json, "/x", {})
+        with trio.fail_after(5):  # cancelled once the server has the request: mid-exchange
+            while not server.requests:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
     hang = False
     assert (await client.post_json("/x", {})).json() == {}
     assert server.connections == 2  # the cancelled one was closed, not reused half-read
@@ -207,6 +220,77 @@ async def test_at_most_max_connections_at_once(server: Server) -> None:
     assert len(server.requests) == 6 and server.connections == 2
 
 
+async def test_bytes_after_an_answer_are_never_the_next_requests_answer(server: Server) -> None:
+    """A server (or a proxy) that writes a second answer, or more body than it announced: the
+    connection is closed with its answer, and the next request gets its own on a new one."""
+    def twice(request: h11.Request, body: bytes) -> list[bytes]:
+        n = len(server.requests)
+        return [b'HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{"n":%d}' % n
+                + b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"stale":%d}' % n]
+
+    server.answer = twice
+    client = OriginClient(server.url, timeout=5)
+    assert [(await client.post_json("/x", {})).json() for _ in range(3)] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert server.connections == 3
+
+
+async def test_idle_connections_a_burst_left_are_closed_once_past_their_keep_alive(server: Server) -> None:
+    """After a burst, steady single calls keep one connection in use: the rest are closed once
+    they have waited too long, not left open (half-closed by the server) until the next burst."""
+    server.gate = trio.Event()
+    client = OriginClient(server.url, timeout=5, max_connections=4, keepalive_seconds=0.3)
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(client.post_json, "/x", {})
+        with trio.fail_after(5):
+            while server.inflight < 4:
+                await trio.sleep(0.01)
+        server.gate.set()
+    assert server.connections == 4 and server.ended == 0
+    with trio.fail_after(10):  # single calls, 0.1 s apart, on the one connection that stays fresh
+        while server.ended < 3:
+            await client.post_json("/x", {})
+            await trio.sleep(0.1)
+    assert server.connections == 4  # the three the burst left closed, none opened anew
+
+
+async def test_timeouts_say_what_was_cut_short(server: Server, nursery: trio.Nursery) -> None:
+    """A wait for a free connection (PoolTimeout) or a connect that never completes
+    (ConnectTimeout: a TLS handshake no one answers) sent nothing; a silent server: ReadTimeout."""
+    server.answer = lambda request, body: None  # hangs
+    client = OriginClient(server.url, timeout=0.3, max_connections=1)
+    errors: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await client.post_json("/x", {})
+        except httpx.HTTPError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as calls:  # both at once: their deadlines come together
+        calls.start_soon(call)
+        calls.start_soon(call)
+    assert sorted(type(e).__name__ for e in errors) == ["PoolTimeout", "ReadTimeout"]
+    assert len(server.requests) == 1
+
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(trio.serve_tcp, silent, 0)
+    port = listeners[0].socket.getsockname()[1]
+    with pytest.raises(httpx.ConnectTimeout):
+        await OriginClient(f"https://127.0.0.1:{port}", timeout=0.3).post_json("/x", {})
+
+
+async def test_a_path_http_cannot_carry_is_a_bad_url_without_the_path_in_it(server: Server) -> None:
+    client = OriginClient(server.url, timeout=5)
+    for token in ("123:with space", "123:line\r\nX-Injected: 1", "123:ключ"):
+        with pytest.raises(httpx.InvalidURL) as caught:
+            await client.post_json(f"/bot{token}/sendMessage", {})
+        assert token not in str(caught.value) and "123" not in str(caught.value)
+    assert server.requests == []
+
+
 def self_signed(tmp: Path) -> tuple[Path, Path]:
     cert, key = tmp / "cert.pem", tmp / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -225,6 +309,7 @@ async def test_https_verifies_the_server(server: Server, nursery: trio.Nursery, 
         try:
             await wrapped.do_handshake()
         except trio.BrokenResourceError:
+            await stream.aclose()
             return
         await server.serve(wrapped)
 
@@ -236,10 +321,16 @@ async def test_https_verifies_the_server(server: Server, nursery: trio.Nursery, 
     assert (await client.post_json("/x", {"a": 2})).status_code == 200
     assert server.connections == 1
     assert dict(server.requests[0][0].headers)[b"host"] == f"localhost:{port}".encode()
-    with pytest.raises(httpx.ConnectError):  # an unknown issuer: refused, not sent
-        await OriginClient(f"https://localhost:{port}", timeout=5,
-                           ssl_context=ssl.create_default_context()).post_json("/x", {})
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(httpx.ConnectError) as refused:  # an unknown issuer: refused, not sent
+            await OriginClient(f"https://localhost:{port}", timeout=5,
+                               ssl_context=ssl.create_default_context()).post_json("/x", {})
+        assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)  # the cause, not an empty BrokenResourceError
     assert len(server.requests) == 2
+    with trio.fail_after(5):  # the refused handshakes' sockets closed (not left to the garbage collector)
+        while len(os.listdir("/proc/self/fd")) > before:
+            await trio.sleep(0.01)
 
 
 async def test_telegram_goes_through_the_proxy_the_environment_names(
