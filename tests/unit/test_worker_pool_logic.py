@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import trio
 
 from autom.config import Settings
@@ -149,6 +150,30 @@ async def test_what_waits_adapts_to_the_handlers_pace(autojump_clock: Any) -> No
         # what may wait: the workers' pace times two claim round trips (at least 1, at most prefetch)
         assert pool.capacity - pool.workers == expected
         assert max(store.claims) <= 50
+
+
+async def test_what_waits_follows_the_mean_run_time_of_a_mix_not_its_quickest_kind(autojump_clock: Any) -> None:
+    """Seven quick jobs (1 ms) in ten and three slow ones (100 ms, a network call): the
+    workers start ~130 a second, so two claim round trips (10 ms each) are ~3 jobs waiting;
+    the mean of the two kinds' paces (~700 a second a worker) would let a whole prefetch wait
+    behind the slow ones, each holding its recipient's line."""
+    store = MemoryStore(claim_seconds=0.01)
+    for _ in range(60):
+        store.add(7, kind="quick")
+        store.add(3, kind="slow")
+
+    async def work(ctx: Any, job: Job) -> None:
+        await trio.sleep(0.001 if job.kind == "quick" else 0.1)
+
+    pool = make_pool(store, {"quick": work, "slow": work}, workers=4, batch=50)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await until(lambda: len(store.done) >= 300)
+        pool.deps.shutdown.value = True
+    assert 2 <= pool.capacity - pool.workers <= 5
+    fetcher = pool.fetcher
+    assert fetcher.kind_seconds["quick"] == pytest.approx(0.001, rel=0.2)
+    assert fetcher.kind_seconds["slow"] == pytest.approx(0.1, rel=0.2)
 
 
 async def test_shutdown_gives_back_queued_claims_and_releases_running_ones_at_the_hard_deadline(
