@@ -290,32 +290,36 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class OpenLoop:
-    """Offers ``rate`` requests a second to ``host:port`` (the schedule: the module docstring)."""
+    """Offers ``rate`` requests a second to ``targets`` (host, port), request i to target i mod
+    their number, as a load balancer in front of several replicas would (the schedule: the
+    module docstring)."""
 
-    def __init__(self, host: str, port: int, deliveries: Deliveries, max_connections: int = 512) -> None:
-        self.host, self.port = host, port
+    def __init__(self, targets: list[tuple[str, int]], deliveries: Deliveries, max_connections: int = 512) -> None:
+        self.targets = targets
         self.deliveries = deliveries
-        self.idle: list[Connection] = []
+        self.idle: dict[tuple[str, int], list[Connection]] = {t: [] for t in targets}
         self.slots = trio.Semaphore(max_connections)
         self.counter = 0  # request numbers: unique over every run of this sender
         self.wall_start = 0.0  # when the last offer began (epoch s): request i's t0 is this + i / rate
 
-    async def _connection(self) -> Connection:
-        while self.idle:
-            conn = self.idle.pop()
+    async def _connection(self, target: tuple[str, int]) -> Connection:
+        idle = self.idle[target]
+        while idle:
+            conn = idle.pop()
             if trio.current_time() - conn.idle_since < IDLE_SECONDS:
                 return conn
             await conn.stream.aclose()
-        return Connection(await trio.open_tcp_stream(self.host, self.port))
+        return Connection(await trio.open_tcp_stream(*target))
 
     async def _one(self, due: float, due_wall: float, window: Window) -> None:
         i = self.counter
         self.counter += 1
         source, data = self.deliveries.build(i, due_wall)
+        target = self.targets[i % len(self.targets)]
         async with self.slots:
             for attempt in range(3):
                 try:
-                    conn = await self._connection()
+                    conn = await self._connection(target)
                 except OSError as exc:
                     window.why[f"connect: {exc.strerror or type(exc).__name__}"] += 1
                     window.resent += attempt < 2
@@ -337,7 +341,7 @@ class OpenLoop:
                     await conn.stream.aclose()
                 else:
                     conn.idle_since = trio.current_time()
-                    self.idle.append(conn)
+                    self.idle[target].append(conn)
                 now = trio.current_time()
                 window.answered[status] += 1
                 if status == 202:
@@ -369,9 +373,10 @@ class OpenLoop:
                     i += 1
 
     async def aclose(self) -> None:
-        for conn in self.idle:
-            await conn.stream.aclose()
-        self.idle.clear()
+        for idle in self.idle.values():
+            for conn in idle:
+                await conn.stream.aclose()
+            idle.clear()
 
 
 async def get_json(url: str, path: str) -> Any:

@@ -22,7 +22,9 @@ the database's size, the CPU of the server and PostgreSQL and the rest of the ma
 figure per kind and lane and window (``BY_KIND``: which jobs wait when the p99 grows).
 ``--split`` runs two processes instead of one, ROLE=intake (the deliveries go there)
 and ROLE=worker (the jobs), their RSS and CPU summed: one Python process is one core
-at most, and this machine has two. A
+at most, and this machine has two. ``--intakes N`` (with ``--split``) runs N ROLE=intake
+processes, each on its own port, the deliveries going to them in turn, as a load
+balancer in front of N replicas would. A
 window holds when every delivery due in it was answered 202 and stored once with one
 job, the start's p99 is at most 1 s and no 429 came. After the load: the backlog
 drains, and every event has exactly one job and the events equal the 202s. ``--rate``'s
@@ -723,18 +725,22 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         if not ready or ready[0] != "READY":
             raise RuntimeError(f"the stubs did not start: {ready}")
         tg_url, crm_url = ready[1], ready[2]
-        # --split: the deliveries go to a ROLE=intake process, a ROLE=worker one runs the jobs
+        # --split: the deliveries go to --intakes ROLE=intake processes, a ROLE=worker one runs the jobs
         urls = []
-        for role in (["intake", "worker"] if args.split else ["all"]):
-            log_path = folder / f"open.{role}.log"
+        roles = [f"intake-{k}" for k in range(1, args.intakes + 1)] + ["worker"] if args.split else ["all"]
+        for name in roles:
+            role = name.split("-")[0]
+            log_path = folder / f"open.{name}.log"
             procs.append(await open_server(args, folder, dbname, tg_url, crm_url, log_path, role))
             urls.append(await wait_serving(procs[-1], log_path))
             print(f"autom run ROLE={role} pid {procs[-1].pid} at {urls[-1]} (AUTOM_APP=sustained_app:app)",
                   flush=True)
         print(f"stubs: Telegram {tg_url}, CRM {crm_url}", flush=True)
         pids = [p.pid for p in procs]
-        host, port = urls[0].removeprefix("http://").rsplit(":", 1)
-        loop = OpenLoop(host, int(port), Deliveries(f"{host}:{port}", TG_SECRET, SITE_SECRET, args.chats, args.seed),
+        targets = [(h, int(p)) for h, p in (u.removeprefix("http://").rsplit(":", 1)
+                                           for u in (urls[:args.intakes] if args.split else urls))]
+        host, port = targets[0]
+        loop = OpenLoop(targets, Deliveries(f"{host}:{port}", TG_SECRET, SITE_SECRET, args.chats, args.seed),
                         args.max_connections)
         machine = Machine(pids, args.admin_dsn, dbname, crm_url)
         sampler = ActivitySampler(args.admin_dsn, dbname)
@@ -876,6 +882,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="open loop: run the server(s) under cProfile (open.ROLE.prof in --out; pstats reads it)")
     parser.add_argument("--split", action="store_true",
                         help="open loop: two processes, ROLE=intake (the deliveries) and ROLE=worker (the jobs)")
+    parser.add_argument("--intakes", type=int, default=1,
+                        help="--split: this many ROLE=intake processes, the deliveries spread over them in turn "
+                             "(as a load balancer in front of replicas would)")
     args = parser.parse_args(argv)
     open_loop = args.rate is not None or args.search
     if not open_loop and shutil.which("wrk") is None:
