@@ -24,7 +24,7 @@ figure per kind and lane and window (``BY_KIND``: which jobs wait when the p99 g
 and ROLE=worker (the jobs), their RSS and CPU summed: one Python process is one core
 at most, and this machine has two. ``--intakes N`` (with ``--split``) runs N ROLE=intake
 processes, each on its own port, the deliveries going to them in turn, as a load
-balancer in front of N replicas would. A
+balancer in front of N replicas would; ``--worker-procs M``, M ROLE=worker processes. A
 window holds when every delivery due in it was answered 202 and stored once with one
 job, the start's p99 is at most 1 s and no 429 came. After the load: the backlog
 drains, and every event has exactly one job and the events equal the 202s. ``--rate``'s
@@ -727,7 +727,9 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         tg_url, crm_url = ready[1], ready[2]
         # --split: the deliveries go to --intakes ROLE=intake processes, a ROLE=worker one runs the jobs
         urls = []
-        roles = [f"intake-{k}" for k in range(1, args.intakes + 1)] + ["worker"] if args.split else ["all"]
+        roles = ([f"intake-{k}" for k in range(1, args.intakes + 1)]
+                 + [f"worker-{k}" if args.worker_procs > 1 else "worker" for k in range(1, args.worker_procs + 1)]
+                 if args.split else ["all"])
         for name in roles:
             role = name.split("-")[0]
             log_path = folder / f"open.{name}.log"
@@ -882,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="open loop: run the server(s) under cProfile (open.ROLE.prof in --out; pstats reads it)")
     parser.add_argument("--split", action="store_true",
                         help="open loop: two processes, ROLE=intake (the deliveries) and ROLE=worker (the jobs)")
+    parser.add_argument("--worker-procs", type=int, default=1,
+                        help="--split: this many ROLE=worker processes (each with --workers runners)")
     parser.add_argument("--intakes", type=int, default=1,
                         help="--split: this many ROLE=intake processes, the deliveries spread over them in turn "
                              "(as a load balancer in front of replicas would)")
