@@ -36,8 +36,8 @@ main``) every part also runs that code (``PYTHONPATH=DIR``, rows "autom base")
 right after this checkout's, and the table adds the ratio to it.
 
 The 1-minute load average is sampled every second; the table gives its mean and
-maximum per round. Everything lands in ``--out`` (default
-``$TMPDIR/autom-speed-<time>``): each part's JSON lines and logs, ``table.md``.
+maximum per round. Everything lands in ``--out`` (a new folder: one holding an earlier
+run's records is refused; default ``$TMPDIR/autom-speed-<time>``): each part's JSON lines and logs, ``table.md``.
 At the defaults (3 rounds) the whole run takes about 7 minutes on 2 cores (about 14
 with ``--base-src``); ``--quick`` (one short round) about 2.
 """
@@ -442,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: unknown parts {sorted(unknown)}")
     if args.out is None:
         args.out = Path(os.environ.get("TMPDIR", "/tmp")) / f"autom-speed-{time.strftime('%Y%m%d-%H%M%S')}"
+    elif (args.out / "speed.jsonl").exists() or (args.out / "rounds.jsonl").exists():
+        # the report pairs each round's records in file order: a second run (or one still
+        # going) writing into the same folder mixes its rounds into this one's ratios
+        parser.error(f"--out {args.out} holds an earlier run's records: give a new folder")
     return run(args)
 
 

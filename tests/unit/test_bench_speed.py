@@ -171,3 +171,13 @@ def test_report_reads_a_run_folder(speed: Any, tmp_path: Path) -> None:
     assert "claimed → stub got sendMessage 2.00 ms" in text
     assert "autom, after the drain: " in text and "claimed → stub got sendMessage 3.00 ms" in text
     assert "floor: 202 read by the sender 1.00 ms" in text
+
+
+def test_a_folder_with_an_earlier_runs_records_is_refused(speed: Any, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The report pairs the rounds' records in file order: two runs in one folder would mix them."""
+    (tmp_path / "speed.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as refused:
+        speed.main(["--out", str(tmp_path)])
+    assert refused.value.code == 2
+    assert "holds an earlier run's records" in capsys.readouterr().err
