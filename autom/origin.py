@@ -1,23 +1,14 @@
 """A lean HTTP/1.1 client for one origin: kept-alive connections, h11 over trio (TLS for https).
 
-The Telegram client's road to the Bot API (autom/telegram.py), where httpx's layers
-(client, auth and redirect flows, models, httpcore's pool) cost more CPU than the call
-itself: ~2 ms a POST against ~1.5 for the whole exchange on bare h11 on this project's
-2-core machine, on the webhook → reply path (bench/RESULTS.md, "Speed round seven").
-``OriginClient.post_json`` sends one request on an idle kept-alive connection (or a new
-one, at most ``max_connections`` at once) and answers an ``httpx.Response``, so what reads
-answers (autom.checks) is the same for both roads; what fails raises httpx's own
-exceptions (``httpx.ConnectError``, ``ReadError``, ``RemoteProtocolError``, ``ReadTimeout``,
-``InvalidURL`` for a path HTTP/1.1 cannot carry ...), which ``autom.checks.classify_exception`` already sorts.
-
-Invariants: a connection goes back to the idle list only after a whole exchange that
-leaves both sides ready for the next one (h11's DONE/DONE); anything else, a cancel
-included, closes it. An idle connection the server closed (its socket readable), or idle
-longer than ``keepalive_seconds`` (httpx's 5 s), is dropped before use, never retried
-after a request was written. Every request is bounded by ``timeout`` (the wait for a free
-connection, connect, write and read together: ``PoolTimeout``, ``ConnectTimeout``, nothing
-sent; ``ReadTimeout``), the caller's own deadline besides. Not for: proxies (``environment_proxied``
-tells; the Telegram client keeps httpx then), HTTP/2, compression, redirects.
+The Telegram client's road to the Bot API (why not httpx: docs/design/telegram.md).
+``OriginClient.post_json``/``request``: one exchange on an idle kept-alive connection (or a
+new one, at most ``max_connections`` at once); the answer an ``httpx.Response``, failures
+httpx's exceptions (``autom.checks.classify_exception`` sorts both roads alike).
+Invariants: a connection is reused only after a whole exchange with nothing read past its
+answer; anything else, a cancel included, closes it. Idle ones past ``keepalive_seconds``
+or closed by the server are closed before use; nothing written is ever retried. Every
+request is bounded by ``timeout``, the wait for a connection included (``PoolTimeout``,
+``ConnectTimeout``: nothing sent; ``ReadTimeout``). Not for: proxies, HTTP/2, redirects.
 """
 
 from __future__ import annotations
@@ -117,11 +108,13 @@ class OriginClient:
                         phase = "connect"
                         conn = await self._connect()
                     phase = "exchange"
+                    whole = False
                     try:
                         status, reason, answer, content = await self._exchange(conn, request, body)
-                    except BaseException:
-                        conn.close()  # half an exchange: the connection's state is unknown
-                        raise
+                        whole = True
+                    finally:
+                        if not whole:
+                            conn.close()  # half an exchange: the connection's state is unknown
         except trio.TooSlowError:
             if phase == "slot":
                 raise httpx.PoolTimeout(f"no free connection within {self._timeout:g}s") from None
@@ -131,18 +124,22 @@ class OriginClient:
         return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
 
     def _reuse(self) -> _Conn | None:
-        """The most recently used idle connection still good (the likeliest open), after
-        closing every one the server closed (its socket reads EOF) or that waited too long:
-        after a burst, the ones steady single calls never reach do not linger half-closed."""
-        now = time.monotonic()
-        good = []
-        for conn in self._idle:
-            if now - conn.idle_since < self._keepalive and not conn.sock.is_readable():
-                good.append(conn)
-            else:
-                conn.close()
-        self._idle = good
-        return good.pop() if good else None
+        """The most recently used idle connection still open, after closing every one idle
+        past ``keepalive_seconds`` (the oldest, at the front: a clock reading each, so the
+        ones a burst left are not kept half-closed while single calls use the newest)."""
+        idle = self._idle
+        too_old = time.monotonic() - self._keepalive
+        stale = 0
+        while stale < len(idle) and idle[stale].idle_since <= too_old:
+            idle[stale].close()
+            stale += 1
+        del idle[:stale]
+        while idle:
+            conn = idle.pop()
+            if not conn.sock.is_readable():
+                return conn
+            conn.close()  # the server closed it (EOF readable)
+        return None
 
     async def _connect(self) -> _Conn:
         try:
@@ -150,11 +147,13 @@ class OriginClient:
                 stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
                     self._host, self._port, ssl_context=self._ssl, https_compatible=True)
                 sock = stream.transport_stream.socket  # type: ignore[attr-defined]
+                shaken = False
                 try:
                     await stream.do_handshake()  # type: ignore[attr-defined]
-                except BaseException:
-                    sock.close()  # a refused or cut-short handshake leaves no socket open
-                    raise
+                    shaken = True
+                finally:
+                    if not shaken:
+                        sock.close()  # a refused or cut-short handshake leaves no socket open
             else:
                 stream = await trio.open_tcp_stream(self._host, self._port)
                 sock = stream.socket

@@ -727,12 +727,10 @@ async def run_open(args: argparse.Namespace, folder: Path) -> int:
         tg_url, crm_url = ready[1], ready[2]
         # --split: the deliveries go to --intakes ROLE=intake processes, a ROLE=worker one runs the jobs
         urls = []
-        roles = ([f"intake-{k}" for k in range(1, args.intakes + 1)]
-                 + [f"worker-{k}" if args.worker_procs > 1 else "worker" for k in range(1, args.worker_procs + 1)]
-                 if args.split else ["all"])
-        for name in roles:
-            role = name.split("-")[0]
-            log_path = folder / f"open.{name}.log"
+        roles = ([("intake", k) for k in range(1, args.intakes + 1)]
+                 + [("worker", k) for k in range(1, args.worker_procs + 1)] if args.split else [("all", 1)])
+        for role, k in roles:
+            log_path = folder / f"open.{role}-{k}.log"
             procs.append(await open_server(args, folder, dbname, tg_url, crm_url, log_path, role))
             urls.append(await wait_serving(procs[-1], log_path))
             print(f"autom run ROLE={role} pid {procs[-1].pid} at {urls[-1]} (AUTOM_APP=sustained_app:app)",
@@ -881,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-connections", type=int, default=512, help="open loop: most connections at once")
     parser.add_argument("--seed", type=int, default=1, help="open loop: the mix's random seed")
     parser.add_argument("--profile", action="store_true",
-                        help="open loop: run the server(s) under cProfile (open.ROLE.prof in --out; pstats reads it)")
+                        help="open loop: run the server(s) under cProfile (open.ROLE-N.prof in --out; pstats reads it)")
     parser.add_argument("--split", action="store_true",
                         help="open loop: two processes, ROLE=intake (the deliveries) and ROLE=worker (the jobs)")
     parser.add_argument("--worker-procs", type=int, default=1,

@@ -226,24 +226,15 @@ class Fetcher:
 
     def _adapt(self, jobs: list[Job]) -> None:
         """Set how many claimed jobs may wait: what the runners start during two claim round
-        trips (at least 1, at most ``prefetch``), at the recent pace of the kinds of ``jobs``
-        (what is due now); a kind not measured yet adds nothing (slow until one run ended).
-
-        The pace is the workers over the jobs' mean run time, not the mean of the kinds'
-        paces: in a mix of quick jobs and ones that wait on the network, the quick ones'
-        pace (thousands a second) made the mean, and a whole prefetch of jobs then waited
-        behind the slow ones. A claimed job holds its recipient's line until it has run, so a
-        recipient with a steady stream (bench/sustained.py: 100 GitHub repositories, one
-        delivery a second each, a 20 ms CRM call a job) fell behind by seconds a minute
-        (bench/RESULTS.md, "Speed round eight")."""
+        trips (at least 1, at most ``prefetch``), at the claimed jobs' mean run time (their
+        kinds' recent runs), not the mean of the kinds' paces, which a quick kind makes
+        (docs/design/worker.md, "Claims ahead"); a kind not measured yet counts as one that
+        never ends (slow until one run ended)."""
         if not jobs or not self.prefetch:
             return
         kind_s = self.kind_seconds
         measured = [kind_s[job.kind] for job in jobs if job.kind in kind_s]
-        if not measured:
-            self.ahead = 1
-            return
-        # jobs/s the workers start: over the measured jobs' mean run time, in the share of
-        # the claim they are (an unmeasured kind counts as one that never ends)
-        pace = self.workers / max(sum(measured) / len(measured), 1e-6) * len(measured) / len(jobs)
+        # jobs/s the workers start: workers over the measured jobs' mean run time, times the
+        # share of the claim they are (none measured: 0, and one may wait)
+        pace = self.workers * len(measured) / max(sum(measured), 1e-6) * len(measured) / len(jobs)
         self.ahead = max(1, min(self.prefetch, math.ceil(pace * self._claim_s * 2)))
