@@ -24,17 +24,11 @@ import h11
 import httpx
 import trio
 
-__all__ = ["OriginClient", "OriginTransport", "environment_has_proxy", "environment_proxied"]
+__all__ = ["OriginClient", "environment_proxied"]
 
 #: how long a connection may wait idle before it is closed instead of reused (httpx's default)
 KEEPALIVE_SECONDS: Final = 5.0
 _READ: Final = 65536
-
-
-def environment_has_proxy() -> bool:
-    """Whether the environment names a proxy for http or https (HTTP(S)_PROXY, ALL_PROXY)."""
-    proxies = urllib.request.getproxies()
-    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
 
 
 def environment_proxied(url: str) -> bool:
@@ -97,24 +91,15 @@ class OriginClient:
                    ("Content-Length", str(len(body)))]
         if content_type is not None:
             headers.append(("Content-Type", content_type))
-        status, reason, answer, content = await self.exchange(method, self._prefix + path, headers, body)
-        return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
-
-    async def exchange(self, method: str, target: str | bytes, headers: list[tuple[Any, Any]], body: bytes,
-                       within: float | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
-        """One exchange of ``method`` on ``target`` (path and query) with exactly ``headers``
-        (Host and the body's framing included): the answer's status, reason, headers and
-        whole body. ``within``: this request's bound (seconds) instead of the client's."""
         try:
-            request = h11.Request(method=method, target=target, headers=headers)
+            request = h11.Request(method=method, target=self._prefix + path, headers=headers)
         except (h11.LocalProtocolError, UnicodeError):
             # a path (a bot token) with a space, a line break or a non-ASCII character: a
             # mistake of configuration, not of the network; the path is not repeated (secrets)
             raise httpx.InvalidURL("the request's path or a header is not valid in HTTP/1.1") from None
-        limit = self._timeout if within is None else float(within)
         phase = "slot"  # what the deadline cut short: waiting for a connection, connecting, the exchange
         try:
-            with trio.fail_after(limit):
+            with trio.fail_after(self._timeout):
                 async with self._slots:
                     if self._closed:  # (also when it closed while this request waited for a slot)
                         raise httpx.ConnectError("the client is closed")
@@ -125,18 +110,18 @@ class OriginClient:
                     phase = "exchange"
                     whole = False
                     try:
-                        answer = await self._exchange(conn, request, body)
+                        status, reason, answer, content = await self._exchange(conn, request, body)
                         whole = True
                     finally:
                         if not whole:
                             conn.close()  # half an exchange: the connection's state is unknown
         except trio.TooSlowError:
             if phase == "slot":
-                raise httpx.PoolTimeout(f"no free connection within {limit:g}s") from None
+                raise httpx.PoolTimeout(f"no free connection within {self._timeout:g}s") from None
             if phase == "connect":  # nothing was sent
-                raise httpx.ConnectTimeout(f"cannot connect within {limit:g}s") from None
-            raise httpx.ReadTimeout(f"no complete answer within {limit:g}s") from None
-        return answer
+                raise httpx.ConnectTimeout(f"cannot connect within {self._timeout:g}s") from None
+            raise httpx.ReadTimeout(f"no complete answer within {self._timeout:g}s") from None
+        return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
 
     def _reuse(self) -> _Conn | None:
         """The most recently used idle connection still open, after closing every one idle
@@ -226,73 +211,8 @@ class OriginClient:
             conn.close()
         return response.status_code, response.reason, list(response.headers), bytes(content)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Close every idle connection; requests under way close theirs as they end."""
         self._closed = True
         while self._idle:
             self._idle.pop().close()
-
-    async def aclose(self) -> None:
-        """``close``, for ``async with`` and the callers that await it."""
-        self.close()
-
-
-#: how many origins an ``OriginTransport`` keeps clients for (the least recently used goes)
-MAX_ORIGINS: Final = 64
-
-
-class OriginTransport(httpx.AsyncBaseTransport):
-    """httpx's transport on ``OriginClient``s, one per origin (``ctx.http``'s road).
-
-    The client's layers stay httpx's (URLs, cookies, auth, redirects, event hooks, traces;
-    a client given a transport ignores the environment's proxies: ``BoundedHTTP`` keeps
-    httpx's own when one is named, ``environment_has_proxy``); the exchange is
-    the lean one, ~0.4 ms of CPU less a request (docs/design/http.md). Each request is
-    bounded by the largest of its httpx timeouts. A request sent with ``stream=True``
-    (``client.stream``) and every scheme but http(s) go to ``fallback`` (httpx's own
-    transport), which reads the answer as it comes; here the whole answer is read.
-    """
-
-    def __init__(self, fallback: httpx.AsyncBaseTransport, *, timeout: float,
-                 max_connections: int = 100, max_origins: int = MAX_ORIGINS) -> None:
-        self._fallback = fallback
-        self._timeout = float(timeout)
-        self._max_connections = max_connections
-        self._max_origins = max_origins
-        self._origins: dict[tuple[str, str, int | None], OriginClient] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        if request.extensions.get(STREAMED) or url.scheme not in ("http", "https"):
-            return await self._fallback.handle_async_request(request)
-        key = (url.scheme, url.host, url.port)
-        origin = self._origins.pop(key, None)
-        if origin is None:
-            origin = OriginClient(f"{url.scheme}://{url.netloc.decode('ascii')}", timeout=self._timeout,
-                                  max_connections=self._max_connections)
-            if len(self._origins) >= self._max_origins:
-                self._origins.pop(next(iter(self._origins))).close()
-        self._origins[key] = origin  # the most recently used at the end
-        body = await request.aread()
-        status, reason, headers, content = await origin.exchange(
-            request.method, url.raw_path, request.headers.raw, body, _bound(request.extensions.get("timeout")))
-        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
-
-    async def aclose(self) -> None:
-        while self._origins:
-            self._origins.popitem()[1].close()
-        await self._fallback.aclose()
-
-
-#: the request extension that sends a request to ``OriginTransport``'s fallback
-STREAMED: Final = "autom_streamed"
-
-
-def _bound(timeouts: Any) -> float | None:
-    """The largest of httpx's per-operation timeouts (connect, read, write, pool), None
-    when none is set (the transport's own then)."""
-    if not isinstance(timeouts, dict):
-        return None
-    values = [float(v) for v in timeouts.values() if v is not None]
-    return max(values) if values else None

@@ -1,11 +1,9 @@
 """autom.origin.OriginClient against a real HTTP/1.1 server on 127.0.0.1 (h11 over trio):
 kept-alive reuse, a server that closes, a cancel mid-exchange, timeouts, bad answers, TLS,
-the Telegram client's road through a proxy the environment names; ``ctx.http``'s road
-(httpx's client on ``OriginTransport``)."""
+and the Telegram client's road through a proxy the environment names."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import ssl
@@ -20,8 +18,7 @@ import pytest
 import trio
 
 from autom.config import Settings
-from autom.context import BoundedHTTP
-from autom.origin import OriginClient, OriginTransport, environment_proxied
+from autom.origin import OriginClient, environment_proxied
 from autom.telegram import open_telegram
 
 Handler = Callable[[h11.Request, bytes], list[bytes] | None]
@@ -357,134 +354,3 @@ async def test_telegram_goes_through_the_proxy_the_environment_names(
     request, body = server.requests[0]
     assert request.target == b"http://api.telegram.invalid/bot123:proxy/sendMessage"
     assert json.loads(body)["text"] == "via the proxy"
-
-
-# ctx.http's road: httpx's client on OriginTransport (autom.context.BoundedHTTP)
-
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-
-
-@pytest.fixture
-def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No proxy in the environment (with one, ``ctx.http`` keeps httpx's own transport)."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-
-
-async def test_ctx_http_keeps_httpx_behaviour_on_the_lean_road(server: Server, no_proxy: None) -> None:
-    """What a handler sends and reads through ``ctx.http`` is httpx's (query, headers, JSON,
-    methods, status, a HEAD's answer), on one kept-alive connection."""
-    def answers(request: h11.Request, body: bytes) -> list[bytes]:
-        length = b"Content-Length: 11\r\n\r\n"
-        return [b"HTTP/1.1 200 OK\r\n" + length + (b"" if request.method == b"HEAD" else b'{"ok":true}')]
-
-    server.answer = answers
-    async with BoundedHTTP(deadline=5) as http:
-        assert isinstance(http._transport, OriginTransport)
-        got = await http.post(server.url + "/crm/leads", params={"q": "a b", "n": 2}, json={"name": "Анна"},
-                              headers={"X-Api-Key": "k1"})
-        assert got.status_code == 200 and got.json() == {"ok": True}
-        assert got.http_version == "HTTP/1.1" and got.request.url.path == "/crm/leads"
-        assert (await http.put(server.url + "/crm/1", content=b"raw")).status_code == 200
-        head = await http.head(server.url + "/crm/1")
-        assert head.status_code == 200 and head.content == b""  # no body read after a HEAD's answer
-        assert head.headers["content-length"] == "11"
-        assert (await http.get(server.url + "/crm/2")).json() == {"ok": True}
-    assert server.connections == 1
-    (first, body), (put, put_body) = server.requests[0], server.requests[1]
-    assert first.method == b"POST" and first.target == b"/crm/leads?q=a+b&n=2"
-    headers = dict(first.headers)
-    assert headers[b"x-api-key"] == b"k1" and headers[b"content-type"] == b"application/json"
-    assert headers[b"host"] == server.url.removeprefix("http://").encode()
-    assert json.loads(body) == {"name": "Анна"}
-    assert put.method == b"PUT" and put_body == b"raw"
-    assert [r.method for r, _ in server.requests] == [b"POST", b"PUT", b"HEAD", b"GET"]
-
-
-async def test_ctx_http_answers_decoded_and_redirects_followed_as_httpx_does(server: Server, no_proxy: None) -> None:
-    packed = gzip.compress(b'{"packed":true}')
-
-    def answers(request: h11.Request, body: bytes) -> list[bytes]:
-        if request.target == b"/old":
-            return [b"HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n"]
-        if request.target == b"/new":
-            return [b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed) + packed]
-        return [b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbusy\r\n0\r\n\r\n"]
-
-    server.answer = answers
-    async with BoundedHTTP(deadline=5) as http:
-        moved = await http.get(server.url + "/old", follow_redirects=True)
-        assert moved.json() == {"packed": True} and [r.status_code for r in moved.history] == [302]
-        assert (await http.get(server.url + "/old")).status_code == 302  # httpx's default: not followed
-        busy = await http.get(server.url + "/x")
-        assert busy.status_code == 503 and busy.reason_phrase == "Service Unavailable" and busy.text == "busy"
-        with pytest.raises(httpx.HTTPStatusError) as caught:
-            busy.raise_for_status()
-        assert caught.value.request.url == server.url + "/x"
-
-
-async def test_ctx_http_streamed_requests_and_bodies(server: Server, no_proxy: None) -> None:
-    """``client.stream`` goes to httpx's own transport (the answer read as it comes); a body
-    given as an async iterator is sent chunked on the lean road."""
-    async def parts() -> AsyncIterator[bytes]:
-        yield b"one,"
-        yield b"two"
-
-    async with BoundedHTTP(deadline=5) as http:
-        assert (await http.post(server.url + "/upload", content=parts())).status_code == 200
-        async with http.stream("GET", server.url + "/download") as streamed:
-            assert b"".join([chunk async for chunk in streamed.aiter_bytes()]) == b'{"ok":true}'
-    upload, body = server.requests[0]
-    assert body == b"one,two" and dict(upload.headers)[b"transfer-encoding"] == b"chunked"
-    assert server.connections == 2  # the streamed request on httpx's own connection
-
-
-async def test_ctx_http_a_requests_own_timeout_bounds_it(server: Server) -> None:
-    server.answer = lambda request, body: None  # hangs
-    async with BoundedHTTP(deadline=30) as http:
-        with trio.fail_after(5), pytest.raises(httpx.ReadTimeout) as caught:
-            await http.get(server.url + "/slow", timeout=0.3)
-        assert caught.value.request.url == server.url + "/slow"
-        with trio.socket.socket() as sock:
-            await sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        with pytest.raises(httpx.ConnectError):
-            await http.get(f"http://127.0.0.1:{port}/nobody")
-
-
-async def test_ctx_http_keeps_clients_for_the_most_recent_origins(server: Server, nursery: trio.Nursery) -> None:
-    """A client per origin, at most ``max_origins``: the least recently used one is closed
-    with its idle connections."""
-    urls = [server.url]
-    for _ in range(2):
-        listeners = await nursery.start(trio.serve_tcp, server.serve, 0)
-        urls.append(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
-    transport = OriginTransport(httpx.AsyncHTTPTransport(), timeout=5, max_origins=2)
-    async with httpx.AsyncClient(transport=transport) as http:
-        for url in (urls[0], urls[1], urls[0], urls[2]):  # urls[1] the least recently used
-            assert (await http.get(url + "/x")).status_code == 200
-        with trio.fail_after(5):
-            while server.ended < 1:
-                await trio.sleep(0.01)
-        assert server.connections == 3 and server.ended == 1
-        assert (await http.get(urls[0] + "/x")).status_code == 200
-        assert server.connections == 3  # urls[0] kept its connection
-    with trio.fail_after(5):
-        while server.ended < 3:
-            await trio.sleep(0.01)
-
-
-async def test_ctx_http_goes_through_the_proxy_the_environment_names(
-        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """httpx ignores the environment's proxies when given a transport: with one named,
-    ``ctx.http`` keeps httpx's own, which sends through it."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    monkeypatch.setenv("HTTP_PROXY", server.url)
-    async with BoundedHTTP(deadline=5) as http:
-        assert not isinstance(http._transport, OriginTransport)
-        assert (await http.post("http://crm.invalid/leads", json={"a": 1})).json() == {"ok": True}
-    request, body = server.requests[0]
-    assert request.target == b"http://crm.invalid/leads" and json.loads(body) == {"a": 1}
