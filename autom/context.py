@@ -29,6 +29,7 @@ from autom.db.queries import Q
 from autom.errors import DatabaseUnavailable, LeaseLost, PermanentError, QueryError, TransientError
 from autom.jobs.handler_tx import HandlerTransaction
 from autom.jobs.models import Job
+from autom.origin import STREAMED, OriginTransport, environment_has_proxy
 from autom.producer import new_job
 from autom.sources.base import key_text
 
@@ -59,16 +60,27 @@ class BoundedHTTP(httpx.AsyncClient):
     ``post``... all go through) is wrapped in ``trio.fail_after``; past the deadline the
     request raises ``httpx.TimeoutException`` (a transient failure for the queue). For
     ``stream=True`` requests the deadline covers the answer's headers only.
+
+    The exchanges go through ``autom.origin.OriginTransport``, ~0.4 ms of CPU less a
+    request than httpx's own transport, which stays for what that one leaves to it
+    (streamed requests, upgrades, a request's own ``timeout=``: see the class), when the
+    environment names a proxy, and when the caller gives ``transport``, ``verify``,
+    ``cert``, ``http2``, ``limits``, ``proxy`` or ``mounts``.
     """
 
     def __init__(self, *, deadline: float, **kwargs: Any) -> None:
         kwargs.setdefault("timeout", httpx.Timeout(deadline))
+        own = {"transport", "verify", "cert", "http2", "limits", "proxy", "mounts"}
+        if not own & kwargs.keys() and not environment_has_proxy():
+            kwargs["transport"] = OriginTransport(httpx.AsyncHTTPTransport(), timeout=deadline)
         super().__init__(**kwargs)
         self.deadline = deadline
         tracing.instrument_http(self)  # client spans, traceparent sent on (when tracing is on)
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         """Send ``request`` within ``deadline`` seconds in total."""
+        if kwargs.get("stream"):
+            request.extensions[STREAMED] = True  # read as it comes: httpx's own transport
         try:
             with trio.fail_after(self.deadline):
                 return await super().send(request, **kwargs)

@@ -9,6 +9,9 @@ answer; anything else, a cancel included, closes it. Idle ones past ``keepalive_
 or closed by the server are closed before use; nothing written is ever retried. Every
 request is bounded by ``timeout``, the wait for a connection included (``PoolTimeout``,
 ``ConnectTimeout``: nothing sent; ``ReadTimeout``). Not for: proxies, HTTP/2, redirects.
+
+``OriginTransport``: the same exchange under httpx's client (``ctx.http``), one
+``OriginClient`` per origin, their limits shared (``ConnectionBudget``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import ssl
 import time
 import urllib.request
+from collections import OrderedDict
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -24,11 +28,19 @@ import h11
 import httpx
 import trio
 
-__all__ = ["OriginClient", "environment_proxied"]
+__all__ = ["OriginClient", "OriginTransport", "environment_has_proxy", "environment_proxied"]
 
 #: how long a connection may wait idle before it is closed instead of reused (httpx's default)
 KEEPALIVE_SECONDS: Final = 5.0
 _READ: Final = 65536
+#: the largest answer head h11 reads (its default is 16 KiB; httpcore's, 100 KiB)
+MAX_HEAD_BYTES: Final = 100 * 1024
+
+
+def environment_has_proxy() -> bool:
+    """Whether the environment names a proxy for http or https (HTTP(S)_PROXY, ALL_PROXY)."""
+    proxies = urllib.request.getproxies()
+    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
 
 
 def environment_proxied(url: str) -> bool:
@@ -47,20 +59,41 @@ class _Conn:
     def __init__(self, stream: trio.abc.Stream, sock: Any) -> None:
         self.stream = stream
         self.sock = sock  # the trio socket underneath (TLS or not): readability, a forced close
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_since = 0.0
 
     def close(self) -> None:
         self.sock.close()
 
 
+class ConnectionBudget:
+    """Limits several ``OriginClient``s share (an ``OriginTransport``'s): requests under way
+    at once in all (each holds one connection, opened or reused), and idle connections kept
+    in all, the longest idle closed first when one more would pass ``max_idle``."""
+
+    def __init__(self, *, max_connections: int, max_idle: int) -> None:
+        self.slots = trio.Semaphore(max_connections)
+        self.max_idle = max_idle
+        #: every idle connection of the clients sharing this budget, longest idle first, with
+        #: the list of idle connections it is in (its client's)
+        self.idle: OrderedDict[_Conn, list[_Conn]] = OrderedDict()
+
+    def kept(self, conn: _Conn, owner: list[_Conn]) -> None:
+        self.idle[conn] = owner
+        while len(self.idle) > self.max_idle:
+            oldest, its = self.idle.popitem(last=False)
+            its.remove(oldest)
+            oldest.close()
+
+
 class OriginClient:
     """Kept-alive HTTP/1.1 connections to the origin of ``base_url`` (``http`` or ``https``);
-    paths are relative to ``base_url``'s path. Share it between the tasks of one trio run."""
+    paths are relative to ``base_url``'s path. Share it between the tasks of one trio run.
+    ``budget``: limits shared with other clients, instead of ``max_connections`` of its own."""
 
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 20,
                  keepalive_seconds: float = KEEPALIVE_SECONDS, ssl_context: ssl.SSLContext | None = None,
-                 user_agent: str = "autom") -> None:
+                 user_agent: str = "autom", budget: ConnectionBudget | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise httpx.InvalidURL("the URL is not an absolute http(s) URL")
@@ -75,7 +108,10 @@ class OriginClient:
         self._keepalive = float(keepalive_seconds)
         self._ssl = ssl_context if ssl_context is not None or not self._tls else httpx.create_ssl_context()
         self._idle: list[_Conn] = []
-        self._slots = trio.Semaphore(max_connections)
+        self._budget = budget
+        self._slots = budget.slots if budget is not None else trio.Semaphore(max_connections)
+        #: requests in ``exchange`` now (waiting for a connection included)
+        self.busy = 0
         self._user_agent = user_agent
         self._closed = False
 
@@ -97,9 +133,19 @@ class OriginClient:
             # a path (a bot token) with a space, a line break or a non-ASCII character: a
             # mistake of configuration, not of the network; the path is not repeated (secrets)
             raise httpx.InvalidURL("the request's path or a header is not valid in HTTP/1.1") from None
+        status, reason, answer, content = await self.exchange(request, body)
+        return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
+
+    async def exchange(self, request: h11.Request, body: bytes
+                       ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
+        """One exchange of ``request`` (its headers exactly: Host and the body's framing
+        included) with ``body``: the answer's status, reason, headers (as sent) and whole
+        body, within the client's ``timeout`` in all."""
+        limit = self._timeout
         phase = "slot"  # what the deadline cut short: waiting for a connection, connecting, the exchange
+        self.busy += 1
         try:
-            with trio.fail_after(self._timeout):
+            with trio.fail_after(limit):
                 async with self._slots:
                     if self._closed:  # (also when it closed while this request waited for a slot)
                         raise httpx.ConnectError("the client is closed")
@@ -110,18 +156,20 @@ class OriginClient:
                     phase = "exchange"
                     whole = False
                     try:
-                        status, reason, answer, content = await self._exchange(conn, request, body)
+                        answer = await self._exchange(conn, request, body)
                         whole = True
                     finally:
                         if not whole:
                             conn.close()  # half an exchange: the connection's state is unknown
         except trio.TooSlowError:
             if phase == "slot":
-                raise httpx.PoolTimeout(f"no free connection within {self._timeout:g}s") from None
+                raise httpx.PoolTimeout(f"no free connection within {limit:g}s") from None
             if phase == "connect":  # nothing was sent
-                raise httpx.ConnectTimeout(f"cannot connect within {self._timeout:g}s") from None
-            raise httpx.ReadTimeout(f"no complete answer within {self._timeout:g}s") from None
-        return httpx.Response(status, headers=answer, content=content, extensions={"reason_phrase": reason})
+                raise httpx.ConnectTimeout(f"cannot connect within {limit:g}s") from None
+            raise httpx.ReadTimeout(f"no complete answer within {limit:g}s") from None
+        finally:
+            self.busy -= 1
+        return answer
 
     def _reuse(self) -> _Conn | None:
         """The most recently used idle connection still open, after closing every one idle
@@ -131,15 +179,22 @@ class OriginClient:
         too_old = time.monotonic() - self._keepalive
         stale = 0
         while stale < len(idle) and idle[stale].idle_since <= too_old:
+            self._forget(idle[stale])
             idle[stale].close()
             stale += 1
         del idle[:stale]
         while idle:
             conn = idle.pop()
+            self._forget(conn)
             if not conn.sock.is_readable():
                 return conn
             conn.close()  # the server closed it (EOF readable)
         return None
+
+    def _forget(self, conn: _Conn) -> None:
+        """``conn`` leaves this client's idle list: the budget's too."""
+        if self._budget is not None:
+            self._budget.idle.pop(conn, None)
 
     async def _connect(self) -> _Conn:
         try:
@@ -198,6 +253,8 @@ class OriginClient:
                 break
             elif isinstance(event, h11.ConnectionClosed):
                 raise httpx.RemoteProtocolError("the server closed the connection without a whole answer")
+            elif event is h11.PAUSED:  # a protocol switched (101, CONNECT): not HTTP past here
+                raise httpx.RemoteProtocolError("the server switched protocols")
             # an InformationalResponse (100 Continue...) is passed over
         assert response is not None  # h11 gives a Response before any Data or EndOfMessage
         # reused only when nothing came after the answer: bytes read past it (a second answer, a
@@ -207,12 +264,105 @@ class OriginClient:
             h.start_next_cycle()
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
+            if self._budget is not None:
+                self._budget.kept(conn, self._idle)
         else:  # "Connection: close", or the server said more than its answer
             conn.close()
-        return response.status_code, response.reason, list(response.headers), bytes(content)
+        return response.status_code, response.reason, response.headers.raw_items(), bytes(content)
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Close every idle connection; requests under way close theirs as they end."""
         self._closed = True
         while self._idle:
-            self._idle.pop().close()
+            conn = self._idle.pop()
+            self._forget(conn)
+            conn.close()
+
+    async def aclose(self) -> None:
+        """``close``, for ``async with`` and the callers that await it."""
+        self.close()
+
+
+#: how many origins an ``OriginTransport`` keeps clients for (beyond it, the least recently
+#: used with no request under way is closed)
+MAX_ORIGINS: Final = 64
+#: the request extension that sends a request to ``OriginTransport``'s fallback
+STREAMED: Final = "autom_streamed"
+
+
+class OriginTransport(httpx.AsyncBaseTransport):
+    """httpx's transport on ``OriginClient``s, one per origin (``ctx.http``'s road).
+
+    The client's layers stay httpx's (URLs, cookies, auth, redirects, event hooks, traces;
+    a client given a transport ignores the environment's proxies: ``BoundedHTTP`` keeps
+    httpx's own when one is named, ``environment_has_proxy``); the exchange is the lean
+    one, ~0.4 ms of CPU less a request (docs/design/http.md). It takes the http(s)
+    requests whose every httpx timeout is the transport's ``timeout`` (the client's total
+    bound, ``BoundedHTTP``'s deadline), and reads each answer whole. The rest goes to
+    ``fallback`` (httpx's own transport): a request sent with ``stream=True``
+    (``client.stream``: read as it comes), an ``Upgrade`` or a ``CONNECT`` (the connection
+    leaves HTTP), a request with its own ``timeout=`` (httpx bounds each operation), and
+    other schemes. Limits as httpx's defaults: 100 requests under way in all, 20 idle
+    connections kept in all; one TLS context for every https origin.
+    """
+
+    def __init__(self, fallback: httpx.AsyncBaseTransport, *, timeout: float, max_connections: int = 100,
+                 max_idle: int = 20, max_origins: int = MAX_ORIGINS) -> None:
+        self._fallback = fallback
+        self._timeout = float(timeout)
+        self._budget = ConnectionBudget(max_connections=max_connections, max_idle=max_idle)
+        self._max_origins = max_origins
+        self._origins: dict[tuple[bytes, bytes, int | None], OriginClient] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    def _lean(self, request: httpx.Request) -> bool:
+        """Whether ``request`` takes the lean road (see the class)."""
+        if request.extensions.get(STREAMED) or request.url.scheme not in ("http", "https"):
+            return False
+        if request.method == "CONNECT" or "upgrade" in request.headers:
+            return False
+        timeouts = request.extensions.get("timeout")
+        return isinstance(timeouts, dict) and all(value == self._timeout for value in timeouts.values())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not self._lean(request):
+            return await self._fallback.handle_async_request(request)
+        url = request.url
+        try:
+            lean = h11.Request(method=request.method, target=url.raw_path, headers=request.headers.raw)
+        except h11.LocalProtocolError:
+            # as httpx's own transport raises it, without the value (a header may carry a secret)
+            raise httpx.LocalProtocolError("the request's target or a header is not valid in HTTP/1.1") from None
+        key = (url.raw_scheme, url.raw_host, url.port)
+        origin = self._origins.pop(key, None)
+        if origin is None:
+            self._make_room()
+            origin = OriginClient(f"{url.scheme}://{url.netloc.decode('ascii')}", timeout=self._timeout,
+                                  ssl_context=self._tls() if url.scheme == "https" else None, budget=self._budget)
+        self._origins[key] = origin  # the most recently used at the end
+        body = await request.aread()
+        status, reason, headers, content = await origin.exchange(lean, body)
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content),
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+
+    def _make_room(self) -> None:
+        """At ``max_origins``, close the least recently used client with no request under
+        way (its idle connections); a request waiting for a connection keeps its client."""
+        if len(self._origins) < self._max_origins:
+            return
+        for key, origin in self._origins.items():
+            if not origin.busy:
+                del self._origins[key]
+                origin.close()
+                return
+
+    def _tls(self) -> ssl.SSLContext:
+        """One TLS context for every origin (making one costs tens of ms of CPU)."""
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        return self._ssl
+
+    async def aclose(self) -> None:
+        while self._origins:
+            self._origins.popitem()[1].close()
+        await self._fallback.aclose()

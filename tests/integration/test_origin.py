@@ -1,9 +1,11 @@
 """autom.origin.OriginClient against a real HTTP/1.1 server on 127.0.0.1 (h11 over trio):
 kept-alive reuse, a server that closes, a cancel mid-exchange, timeouts, bad answers, TLS,
-and the Telegram client's road through a proxy the environment names."""
+the Telegram client's road through a proxy the environment names; ``ctx.http``'s road
+(httpx's client on ``OriginTransport``)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import ssl
@@ -18,7 +20,8 @@ import pytest
 import trio
 
 from autom.config import Settings
-from autom.origin import OriginClient, environment_proxied
+from autom.context import BoundedHTTP
+from autom.origin import OriginClient, OriginTransport, environment_proxied
 from autom.telegram import open_telegram
 
 Handler = Callable[[h11.Request, bytes], list[bytes] | None]
@@ -299,8 +302,8 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-async def test_https_verifies_the_server(server: Server, nursery: trio.Nursery, tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
+async def serve_tls(server: Server, nursery: trio.Nursery, cert: Path, key: Path) -> int:
+    """``server`` behind TLS (``cert``, ``key``) on a new port of 127.0.0.1; the port."""
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
 
@@ -314,7 +317,12 @@ async def test_https_verifies_the_server(server: Server, nursery: trio.Nursery, 
         await server.serve(wrapped)
 
     listeners = await nursery.start(trio.serve_tcp, tls, 0)
-    port = listeners[0].socket.getsockname()[1]
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_https_verifies_the_server(server: Server, nursery: trio.Nursery, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    port = await serve_tls(server, nursery, cert, key)
     trusted = ssl.create_default_context(cafile=str(cert))
     client = OriginClient(f"https://localhost:{port}", timeout=5, ssl_context=trusted)
     assert (await client.post_json("/x", {"a": 1})).json() == {"ok": True}
@@ -354,3 +362,242 @@ async def test_telegram_goes_through_the_proxy_the_environment_names(
     request, body = server.requests[0]
     assert request.target == b"http://api.telegram.invalid/bot123:proxy/sendMessage"
     assert json.loads(body)["text"] == "via the proxy"
+
+
+# ctx.http's road: httpx's client on OriginTransport (autom.context.BoundedHTTP)
+
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+@pytest.fixture
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy in the environment (with one, ``ctx.http`` keeps httpx's own transport)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+async def test_ctx_http_keeps_httpx_behaviour_on_the_lean_road(server: Server, no_proxy: None) -> None:
+    """What a handler sends and reads through ``ctx.http`` is httpx's (query, headers, JSON,
+    methods, status, a HEAD's answer), on one kept-alive connection."""
+    def answers(request: h11.Request, body: bytes) -> list[bytes]:
+        length = b"Content-Length: 11\r\n\r\n"
+        return [b"HTTP/1.1 200 OK\r\n" + length + (b"" if request.method == b"HEAD" else b'{"ok":true}')]
+
+    server.answer = answers
+    async with BoundedHTTP(deadline=5) as http:
+        assert isinstance(http._transport, OriginTransport)
+        got = await http.post(server.url + "/crm/leads", params={"q": "a b", "n": 2}, json={"name": "Анна"},
+                              headers={"X-Api-Key": "k1"})
+        assert got.status_code == 200 and got.json() == {"ok": True}
+        assert got.http_version == "HTTP/1.1" and got.request.url.path == "/crm/leads"
+        assert (await http.put(server.url + "/crm/1", content=b"raw")).status_code == 200
+        head = await http.head(server.url + "/crm/1")
+        assert head.status_code == 200 and head.content == b""  # no body read after a HEAD's answer
+        assert head.headers["content-length"] == "11"
+        assert (await http.get(server.url + "/crm/2")).json() == {"ok": True}
+    assert server.connections == 1
+    (first, body), (put, put_body) = server.requests[0], server.requests[1]
+    assert first.method == b"POST" and first.target == b"/crm/leads?q=a+b&n=2"
+    headers = dict(first.headers)
+    assert headers[b"x-api-key"] == b"k1" and headers[b"content-type"] == b"application/json"
+    assert headers[b"host"] == server.url.removeprefix("http://").encode()
+    assert json.loads(body) == {"name": "Анна"}
+    assert put.method == b"PUT" and put_body == b"raw"
+    assert [r.method for r, _ in server.requests] == [b"POST", b"PUT", b"HEAD", b"GET"]
+
+
+async def test_ctx_http_answers_decoded_and_redirects_followed_as_httpx_does(server: Server, no_proxy: None) -> None:
+    packed = gzip.compress(b'{"packed":true}')
+
+    def answers(request: h11.Request, body: bytes) -> list[bytes]:
+        if request.target == b"/old":
+            return [b"HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n"]
+        if request.target == b"/new":
+            return [b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed) + packed]
+        return [b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbusy\r\n0\r\n\r\n"]
+
+    server.answer = answers
+    async with BoundedHTTP(deadline=5) as http:
+        moved = await http.get(server.url + "/old", follow_redirects=True)
+        assert moved.json() == {"packed": True} and [r.status_code for r in moved.history] == [302]
+        assert (await http.get(server.url + "/old")).status_code == 302  # httpx's default: not followed
+        busy = await http.get(server.url + "/x")
+        assert busy.status_code == 503 and busy.reason_phrase == "Service Unavailable" and busy.text == "busy"
+        with pytest.raises(httpx.HTTPStatusError) as caught:
+            busy.raise_for_status()
+        assert caught.value.request.url == server.url + "/x"
+
+
+async def test_ctx_http_streamed_requests_and_bodies(server: Server, no_proxy: None) -> None:
+    """``client.stream`` goes to httpx's own transport (the answer read as it comes); a body
+    given as an async iterator is sent chunked on the lean road."""
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"one,"
+        yield b"two"
+
+    async with BoundedHTTP(deadline=5) as http:
+        assert (await http.post(server.url + "/upload", content=parts())).status_code == 200
+        async with http.stream("GET", server.url + "/download") as streamed:
+            assert b"".join([chunk async for chunk in streamed.aiter_bytes()]) == b'{"ok":true}'
+    upload, body = server.requests[0]
+    assert body == b"one,two" and dict(upload.headers)[b"transfer-encoding"] == b"chunked"
+    assert server.connections == 2  # the streamed request on httpx's own connection
+
+
+async def test_ctx_http_a_requests_own_timeout_bounds_it(server: Server) -> None:
+    server.answer = lambda request, body: None  # hangs
+    async with BoundedHTTP(deadline=30) as http:
+        with trio.fail_after(5), pytest.raises(httpx.ReadTimeout) as caught:
+            await http.get(server.url + "/slow", timeout=0.3)
+        assert caught.value.request.url == server.url + "/slow"
+        with trio.socket.socket() as sock:
+            await sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{port}/nobody")
+
+
+async def test_ctx_http_keeps_clients_for_the_most_recent_origins(server: Server, nursery: trio.Nursery) -> None:
+    """A client per origin, at most ``max_origins``: the least recently used one is closed
+    with its idle connections."""
+    urls = [server.url]
+    for _ in range(2):
+        listeners = await nursery.start(trio.serve_tcp, server.serve, 0)
+        urls.append(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+    transport = OriginTransport(httpx.AsyncHTTPTransport(), timeout=5, max_origins=2)
+    async with httpx.AsyncClient(transport=transport) as http:
+        for url in (urls[0], urls[1], urls[0], urls[2]):  # urls[1] the least recently used
+            assert (await http.get(url + "/x")).status_code == 200
+        with trio.fail_after(5):
+            while server.ended < 1:
+                await trio.sleep(0.01)
+        assert server.connections == 3 and server.ended == 1
+        assert (await http.get(urls[0] + "/x")).status_code == 200
+        assert server.connections == 3  # urls[0] kept its connection
+    with trio.fail_after(5):
+        while server.ended < 3:
+            await trio.sleep(0.01)
+
+
+async def test_ctx_http_goes_through_the_proxy_the_environment_names(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx ignores the environment's proxies when given a transport: with one named,
+    ``ctx.http`` keeps httpx's own, which sends through it."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    async with BoundedHTTP(deadline=5) as http:
+        assert not isinstance(http._transport, OriginTransport)
+        assert (await http.post("http://crm.invalid/leads", json={"a": 1})).json() == {"ok": True}
+    request, body = server.requests[0]
+    assert request.target == b"http://crm.invalid/leads" and json.loads(body) == {"a": 1}
+
+
+async def test_ctx_http_upgrades_and_switched_protocols_never_hang(server: Server, no_proxy: None) -> None:
+    """A request asking for an Upgrade goes to httpx's own transport (its 101 answer is
+    httpx's); a 101 the lean road did not ask for is a protocol error, at once."""
+    def switching(request: h11.Request, body: bytes) -> list[bytes]:
+        return [b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"]
+
+    server.answer = switching
+    async with BoundedHTTP(deadline=30) as http:
+        with trio.fail_after(5):
+            switched = await http.get(server.url + "/ws", headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+            assert switched.status_code == 101
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.get(server.url + "/plain")
+    client = OriginClient(server.url, timeout=30)  # the lean road itself, asked to upgrade: an error, not a freeze
+    request = h11.Request(method="GET", target="/ws", headers=[("Host", "x"), ("Upgrade", "websocket"),
+                                                               ("Connection", "Upgrade")])
+    with trio.fail_after(5), pytest.raises(httpx.RemoteProtocolError, match="switched protocols"):
+        await client.exchange(request, b"")
+
+
+async def test_ctx_http_shares_httpx_limits_across_origins(server: Server, nursery: trio.Nursery) -> None:
+    """Requests under way are capped for the whole transport, not per origin; idle
+    connections kept are capped in all (the longest idle closed); a client with a request
+    waiting is never the one closed to make room for another origin."""
+    urls = [server.url]
+    for _ in range(2):
+        listeners = await nursery.start(trio.serve_tcp, server.serve, 0)
+        urls.append(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+    server.gate = trio.Event()
+    transport = OriginTransport(httpx.AsyncHTTPTransport(), timeout=5, max_connections=2, max_idle=1, max_origins=1)
+    answers: list[int] = []
+    async with httpx.AsyncClient(transport=transport) as http:
+        async def call(url: str) -> None:
+            answers.append((await http.get(url + "/x")).status_code)
+
+        async with trio.open_nursery() as calls:
+            for url in (urls[0], urls[1], urls[2], urls[0]):
+                calls.start_soon(call, url)
+            with trio.fail_after(5):
+                while len(server.requests) < 2:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.2)
+            assert server.inflight == 2  # the other two wait for a slot, their clients kept
+            server.gate.set()
+        assert answers == [200] * 4
+        with trio.fail_after(5):  # one idle connection kept of the (at least) three opened
+            while server.connections - server.ended > 1:
+                await trio.sleep(0.01)
+        assert server.most == 2
+
+
+async def test_ctx_http_a_requests_own_timeout_is_per_operation_as_httpx(nursery: trio.Nursery) -> None:
+    """``timeout=`` on one request keeps httpx's meaning (each read within it): an answer
+    that trickles in slower than that in all but faster per read is read whole."""
+    async def trickle(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while conn.next_event() is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n")
+        for byte in b"slowly":
+            await trio.sleep(0.15)
+            await stream.send_all(bytes([byte]))
+
+    listeners = await nursery.start(trio.serve_tcp, trickle, 0)
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/t"
+    async with BoundedHTTP(deadline=30) as http:
+        got = await http.get(url, timeout=0.5)  # 0.9 s in all, 0.15 s a read
+        assert got.text == "slowly"
+
+
+async def test_ctx_http_big_heads_raw_header_names_and_bad_headers(
+        server: Server, nursery: trio.Nursery, no_proxy: None) -> None:
+    async def big_head(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while conn.next_event() is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nX-Custom-Name: v\r\nX-Big: " + b"b" * 30_000)
+        await trio.sleep(0.1)  # the client holds an incomplete head of 30 KB
+        await stream.send_all(b"b" * 10_000 + b"\r\nContent-Length: 2\r\n\r\n{}")
+
+    listeners = await nursery.start(trio.serve_tcp, big_head, 0)
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/big"
+    async with BoundedHTTP(deadline=5) as http:
+        got = await http.get(url)
+        assert len(got.headers["x-big"]) == 40_000  # past h11's 16 KiB default, as httpx reads it
+        assert (b"X-Custom-Name", b"v") in got.headers.raw
+        with pytest.raises(httpx.LocalProtocolError) as caught:
+            await http.get(server.url + "/x", headers={"Authorization": "Bearer sec\nret"})
+        assert "sec" not in str(caught.value)
+    assert server.requests == []
+
+
+async def test_ctx_http_https_on_the_lean_road_trusts_the_environments_ca(
+        server: Server, nursery: trio.Nursery, tmp_path: Path, no_proxy: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """https origins share one TLS context, made as httpx makes its own (SSL_CERT_FILE)."""
+    cert, key = self_signed(tmp_path)
+    ports = [await serve_tls(server, nursery, cert, key) for _ in range(2)]
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    async with BoundedHTTP(deadline=5) as http:
+        transport = http._transport
+        assert isinstance(transport, OriginTransport)
+        for port in ports + ports:
+            assert (await http.post(f"https://localhost:{port}/x", json={"p": port})).json() == {"ok": True}
+        assert transport._ssl is not None and len(transport._origins) == 2
+    assert server.connections == 2
