@@ -65,12 +65,12 @@ class BoundedHTTP(httpx.AsyncClient):
     request than httpx's own transport, which stays for what that one leaves to it
     (streamed requests, upgrades, a request's own ``timeout=``: see the class), when the
     environment names a proxy, and when the caller gives ``transport``, ``verify``,
-    ``cert``, ``http2``, ``limits``, ``proxy`` or ``mounts``.
+    ``cert``, ``http2``, ``limits``, ``proxy``, ``mounts`` or ``trust_env``.
     """
 
     def __init__(self, *, deadline: float, **kwargs: Any) -> None:
         kwargs.setdefault("timeout", httpx.Timeout(deadline))
-        own = {"transport", "verify", "cert", "http2", "limits", "proxy", "mounts"}
+        own = {"transport", "verify", "cert", "http2", "limits", "proxy", "mounts", "trust_env"}
         if not own & kwargs.keys() and not environment_has_proxy():
             kwargs["transport"] = OriginTransport(httpx.AsyncHTTPTransport(), timeout=deadline)
         super().__init__(**kwargs)

@@ -79,11 +79,22 @@ class ConnectionBudget:
         self.idle: OrderedDict[_Conn, list[_Conn]] = OrderedDict()
 
     def kept(self, conn: _Conn, owner: list[_Conn]) -> None:
+        """``conn`` is idle now, in ``owner`` (its client's list): past ``max_idle``, the
+        longest idle is closed."""
         self.idle[conn] = owner
         while len(self.idle) > self.max_idle:
-            oldest, its = self.idle.popitem(last=False)
-            its.remove(oldest)
-            oldest.close()
+            self._close_oldest()
+
+    def sweep(self, idle_since: float) -> None:
+        """Close the idle connections idle since before ``idle_since`` (monotonic clock),
+        whichever client's: an origin no longer called keeps no socket past its keep-alive."""
+        while self.idle and next(iter(self.idle)).idle_since <= idle_since:
+            self._close_oldest()
+
+    def _close_oldest(self) -> None:
+        oldest, its = self.idle.popitem(last=False)
+        its.remove(oldest)
+        oldest.close()
 
 
 class OriginClient:
@@ -227,10 +238,23 @@ class OriginClient:
             out += h.send(h11.EndOfMessage()) or b""
         except h11.LocalProtocolError as exc:
             raise httpx.LocalProtocolError(str(exc)) from None
+        unsent: httpx.WriteError | None = None
         try:
             await conn.stream.send_all(out)  # one write: head and body together
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.WriteError(f"{type(exc).__name__}: {exc}") from None
+            # a server may answer early and close without reading the body (a 413): its
+            # answer is read if it came whole, as httpcore does; else this is the error
+            unsent = httpx.WriteError(f"{type(exc).__name__}: {exc}")
+        try:
+            return self._kept_or_closed(conn, *await self._answer(conn), reusable=unsent is None)
+        except httpx.TransportError:
+            if unsent is not None:
+                raise unsent from None
+            raise
+
+    async def _answer(self, conn: _Conn) -> tuple[h11.Response, bytes]:
+        """Read one whole answer on ``conn``: its head and body."""
+        h = conn.h11
         response: h11.Response | None = None
         content = bytearray()
         while True:
@@ -257,10 +281,16 @@ class OriginClient:
                 raise httpx.RemoteProtocolError("the server switched protocols")
             # an InformationalResponse (100 Continue...) is passed over
         assert response is not None  # h11 gives a Response before any Data or EndOfMessage
+        return response, bytes(content)
+
+    def _kept_or_closed(self, conn: _Conn, response: h11.Response, content: bytes, *, reusable: bool
+                        ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
+        """Keep ``conn`` idle for the next request, or close it; the answer's parts."""
+        h = conn.h11
         # reused only when nothing came after the answer: bytes read past it (a second answer, a
         # body longer than its Content-Length) would be the next request's answer
-        if (h.our_state is h11.DONE and h.their_state is h11.DONE and h.trailing_data == (b"", False)
-                and not self._closed):
+        if (reusable and h.our_state is h11.DONE and h.their_state is h11.DONE
+                and h.trailing_data == (b"", False) and not self._closed):
             h.start_next_cycle()
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
@@ -268,7 +298,7 @@ class OriginClient:
                 self._budget.kept(conn, self._idle)
         else:  # "Connection: close", or the server said more than its answer
             conn.close()
-        return response.status_code, response.reason, response.headers.raw_items(), bytes(content)
+        return response.status_code, response.reason, response.headers.raw_items(), content
 
     def close(self) -> None:
         """Close every idle connection; requests under way close theirs as they end."""
@@ -288,6 +318,9 @@ class OriginClient:
 MAX_ORIGINS: Final = 64
 #: the request extension that sends a request to ``OriginTransport``'s fallback
 STREAMED: Final = "autom_streamed"
+#: the largest request body the lean road sends (it holds the body whole; larger ones go
+#: to httpx's transport, which sends them in parts)
+MAX_LEAN_BODY: Final = 1024 * 1024
 
 
 class OriginTransport(httpx.AsyncBaseTransport):
@@ -300,16 +333,21 @@ class OriginTransport(httpx.AsyncBaseTransport):
     requests whose every httpx timeout is the transport's ``timeout`` (the client's total
     bound, ``BoundedHTTP``'s deadline), and reads each answer whole. The rest goes to
     ``fallback`` (httpx's own transport): a request sent with ``stream=True``
-    (``client.stream``: read as it comes), an ``Upgrade`` or a ``CONNECT`` (the connection
-    leaves HTTP), a request with its own ``timeout=`` (httpx bounds each operation), and
-    other schemes. Limits as httpx's defaults: 100 requests under way in all, 20 idle
-    connections kept in all; one TLS context for every https origin.
+    (``client.stream``: read as it comes), a body that is not bytes already (a generator,
+    a file, a multipart form) or is over ``MAX_LEAN_BODY``, an ``Upgrade`` or a ``CONNECT``
+    (the connection leaves HTTP), a request with its own ``timeout=`` (httpx bounds each
+    operation), an ``sni_hostname`` extension, and other schemes. The lean road's limits
+    are httpx's defaults, over all its origins: 100 requests under way (each on one
+    connection) and 20 idle connections besides; the fallback keeps its own pool with the
+    same limits. One TLS context for every https origin.
     """
 
     def __init__(self, fallback: httpx.AsyncBaseTransport, *, timeout: float, max_connections: int = 100,
-                 max_idle: int = 20, max_origins: int = MAX_ORIGINS) -> None:
+                 max_idle: int = 20, max_origins: int = MAX_ORIGINS,
+                 keepalive_seconds: float = KEEPALIVE_SECONDS) -> None:
         self._fallback = fallback
         self._timeout = float(timeout)
+        self._keepalive = float(keepalive_seconds)
         self._budget = ConnectionBudget(max_connections=max_connections, max_idle=max_idle)
         self._max_origins = max_origins
         self._origins: dict[tuple[bytes, bytes, int | None], OriginClient] = {}
@@ -319,7 +357,10 @@ class OriginTransport(httpx.AsyncBaseTransport):
         """Whether ``request`` takes the lean road (see the class)."""
         if request.extensions.get(STREAMED) or request.url.scheme not in ("http", "https"):
             return False
-        if request.method == "CONNECT" or "upgrade" in request.headers:
+        if request.method == "CONNECT" or "upgrade" in request.headers or "sni_hostname" in request.extensions:
+            return False
+        # bytes already (content=, json=; a redirect's copy not read yet: read() is sync for it)
+        if not isinstance(request.stream, httpx.ByteStream) or len(request.read()) > MAX_LEAN_BODY:
             return False
         timeouts = request.extensions.get("timeout")
         return isinstance(timeouts, dict) and all(value == self._timeout for value in timeouts.values())
@@ -333,33 +374,35 @@ class OriginTransport(httpx.AsyncBaseTransport):
         except h11.LocalProtocolError:
             # as httpx's own transport raises it, without the value (a header may carry a secret)
             raise httpx.LocalProtocolError("the request's target or a header is not valid in HTTP/1.1") from None
+        self._budget.sweep(time.monotonic() - self._keepalive)
         key = (url.raw_scheme, url.raw_host, url.port)
         origin = self._origins.pop(key, None)
         if origin is None:
             self._make_room()
             origin = OriginClient(f"{url.scheme}://{url.netloc.decode('ascii')}", timeout=self._timeout,
-                                  ssl_context=self._tls() if url.scheme == "https" else None, budget=self._budget)
-        self._origins[key] = origin  # the most recently used at the end
-        body = await request.aread()
-        status, reason, headers, content = await origin.exchange(lean, body)
+                                  keepalive_seconds=self._keepalive, budget=self._budget,
+                                  ssl_context=self._tls() if url.scheme == "https" else None)
+        # the most recently used at the end; nothing awaited before exchange counts it busy
+        self._origins[key] = origin
+        status, reason, headers, content = await origin.exchange(lean, request.content)
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content),
                               extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
 
     def _make_room(self) -> None:
-        """At ``max_origins``, close the least recently used client with no request under
-        way (its idle connections); a request waiting for a connection keeps its client."""
-        if len(self._origins) < self._max_origins:
-            return
-        for key, origin in self._origins.items():
-            if not origin.busy:
-                del self._origins[key]
-                origin.close()
+        """Below ``max_origins``, close the least recently used clients with no request under
+        way (their idle connections); a request waiting for a connection keeps its client
+        (with every client busy, there are more for a while: as many as requests under way)."""
+        while len(self._origins) >= self._max_origins:
+            free = next((key for key, origin in self._origins.items() if not origin.busy), None)
+            if free is None:
                 return
+            self._origins.pop(free).close()
 
     def _tls(self) -> ssl.SSLContext:
         """One TLS context for every origin (making one costs tens of ms of CPU)."""
         if self._ssl is None:
             self._ssl = httpx.create_ssl_context()
+            self._ssl.set_alpn_protocols(["http/1.1"])  # as httpcore offers it
         return self._ssl
 
     async def aclose(self) -> None:

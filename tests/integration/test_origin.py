@@ -21,7 +21,7 @@ import trio
 
 from autom.config import Settings
 from autom.context import BoundedHTTP
-from autom.origin import OriginClient, OriginTransport, environment_proxied
+from autom.origin import MAX_LEAN_BODY, OriginClient, OriginTransport, environment_proxied
 from autom.telegram import open_telegram
 
 Handler = Callable[[h11.Request, bytes], list[bytes] | None]
@@ -430,19 +430,60 @@ async def test_ctx_http_answers_decoded_and_redirects_followed_as_httpx_does(ser
 
 
 async def test_ctx_http_streamed_requests_and_bodies(server: Server, no_proxy: None) -> None:
-    """``client.stream`` goes to httpx's own transport (the answer read as it comes); a body
-    given as an async iterator is sent chunked on the lean road."""
+    """``client.stream`` and a body that is not bytes already (an async generator) go to
+    httpx's own transport: the answer read as it comes, the body sent chunked as it comes;
+    so does a body over ``MAX_LEAN_BODY`` (the lean road holds a body whole)."""
     async def parts() -> AsyncIterator[bytes]:
         yield b"one,"
         yield b"two"
 
     async with BoundedHTTP(deadline=5) as http:
+        transport = http._transport
+        assert isinstance(transport, OriginTransport)
         assert (await http.post(server.url + "/upload", content=parts())).status_code == 200
         async with http.stream("GET", server.url + "/download") as streamed:
             assert b"".join([chunk async for chunk in streamed.aiter_bytes()]) == b'{"ok":true}'
+        big = b"x" * (MAX_LEAN_BODY + 1)
+        assert (await http.put(server.url + "/big", content=big)).status_code == 200
+        assert transport._origins == {}  # none of them took the lean road
+        assert (await http.post(server.url + "/small", content=b"s")).status_code == 200
+        assert len(transport._origins) == 1
     upload, body = server.requests[0]
     assert body == b"one,two" and dict(upload.headers)[b"transfer-encoding"] == b"chunked"
-    assert server.connections == 2  # the streamed request on httpx's own connection
+    assert server.requests[2][1] == big
+    assert server.connections == 2  # httpx's pool's connection, then the lean road's
+
+
+async def test_an_early_answer_to_a_body_not_read_is_the_answer(nursery: trio.Nursery) -> None:
+    """A server that answers before reading the body (413) and closes: its answer, as
+    httpx's transport gives it, not the write's error."""
+    async def refuse(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while conn.next_event() is h11.NEED_DATA:
+            conn.receive_data(bytes(await stream.receive_some(65536)))
+        await stream.send_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbig!")
+        await trio.sleep(0.2)
+        await stream.aclose()  # the body unread: the client's write is reset
+
+    listeners = await nursery.start(trio.serve_tcp, refuse, 0)
+    client = OriginClient(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", timeout=5)
+    refused = await client.request("POST", "/up", b"x" * (16 * 1024 * 1024))
+    assert refused.status_code == 413 and refused.text == "big!"
+
+
+async def test_ctx_http_idle_connections_of_origins_no_longer_called_are_closed(
+        server: Server, nursery: trio.Nursery) -> None:
+    listeners = await nursery.start(trio.serve_tcp, server.serve, 0)
+    other = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    transport = OriginTransport(httpx.AsyncHTTPTransport(), timeout=5, keepalive_seconds=0.2)
+    async with httpx.AsyncClient(transport=transport) as http:
+        assert (await http.get(server.url + "/a")).status_code == 200
+        await trio.sleep(0.3)
+        assert (await http.get(other + "/b")).status_code == 200  # the first origin's is past its keep-alive
+        with trio.fail_after(5):
+            while server.ended < 1:
+                await trio.sleep(0.01)
+        assert server.connections == 2 and server.ended == 1
 
 
 async def test_ctx_http_a_requests_own_timeout_bounds_it(server: Server) -> None:
