@@ -366,6 +366,9 @@ class OriginTransport(httpx.AsyncBaseTransport):
         return isinstance(timeouts, dict) and all(value == self._timeout for value in timeouts.values())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        # every request, either road's: no idle socket of an origin no longer called stays
+        # open past its keep-alive (httpcore's pool does the same on each request)
+        self._budget.sweep(time.monotonic() - self._keepalive)
         if not self._lean(request):
             return await self._fallback.handle_async_request(request)
         url = request.url
@@ -374,7 +377,6 @@ class OriginTransport(httpx.AsyncBaseTransport):
         except h11.LocalProtocolError:
             # as httpx's own transport raises it, without the value (a header may carry a secret)
             raise httpx.LocalProtocolError("the request's target or a header is not valid in HTTP/1.1") from None
-        self._budget.sweep(time.monotonic() - self._keepalive)
         key = (url.raw_scheme, url.raw_host, url.port)
         origin = self._origins.pop(key, None)
         if origin is None:
