@@ -61,8 +61,8 @@ class BoundedHTTP(httpx.AsyncClient):
     request raises ``httpx.TimeoutException`` (a transient failure for the queue). For
     ``stream=True`` requests the deadline covers the answer's headers only.
 
-    The exchanges go through ``autom.origin.OriginTransport``, ~0.4 ms of CPU less a
-    request than httpx's own transport, which stays for what that one leaves to it
+    The exchanges go through ``autom.origin.OriginTransport`` (less CPU a request:
+    docs/design/http.md); httpx's own transport stays for what that one leaves to it
     (streamed requests, upgrades, a request's own ``timeout=``: see the class), when the
     environment names a proxy, and when the caller gives ``transport``, ``verify``,
     ``cert``, ``http2``, ``limits``, ``proxy``, ``mounts`` or ``trust_env``.

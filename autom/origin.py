@@ -1,17 +1,13 @@
-"""A lean HTTP/1.1 client for one origin: kept-alive connections, h11 over trio (TLS for https).
+"""A lean HTTP/1.1 client: kept-alive connections, h11 over trio (TLS for https).
 
-The Telegram client's road to the Bot API (why not httpx: docs/design/telegram.md).
-``OriginClient.post_json``/``request``: one exchange on an idle kept-alive connection (or a
-new one, at most ``max_connections`` at once); the answer an ``httpx.Response``, failures
-httpx's exceptions (``autom.checks.classify_exception`` sorts both roads alike).
-Invariants: a connection is reused only after a whole exchange with nothing read past its
-answer; anything else, a cancel included, closes it. Idle ones past ``keepalive_seconds``
-or closed by the server are closed before use; nothing written is ever retried. Every
-request is bounded by ``timeout``, the wait for a connection included (``PoolTimeout``,
-``ConnectTimeout``: nothing sent; ``ReadTimeout``). Not for: proxies, HTTP/2, redirects.
-
-``OriginTransport``: the same exchange under httpx's client (``ctx.http``), one
-``OriginClient`` per origin, their limits shared (``ConnectionBudget``).
+``OriginClient`` (one origin; the Telegram client's road): one exchange on an idle
+kept-alive connection or a new one, at most ``max_connections`` at once; the answer an
+``httpx.Response``, failures httpx's exceptions. A connection is reused only after a
+whole exchange with nothing read past its answer; anything else, a cancel included,
+closes it; nothing written is retried. Every request is bounded by ``timeout`` in all.
+``OriginTransport``: the same under httpx's client (``ctx.http``), one ``OriginClient``
+an origin, their limits shared (``ConnectionBudget``). Why, what each road takes and
+what it measured: docs/design/telegram.md, docs/design/http.md.
 """
 
 from __future__ import annotations
@@ -91,6 +87,10 @@ class ConnectionBudget:
         while self.idle and next(iter(self.idle)).idle_since <= idle_since:
             self._close_oldest()
 
+    def forget(self, conn: _Conn) -> None:
+        """``conn`` is no longer idle (its client took or closed it)."""
+        self.idle.pop(conn, None)
+
     def _close_oldest(self) -> None:
         oldest, its = self.idle.popitem(last=False)
         its.remove(oldest)
@@ -152,7 +152,7 @@ class OriginClient:
         """One exchange of ``request`` (its headers exactly: Host and the body's framing
         included) with ``body``: the answer's status, reason, headers (as sent) and whole
         body, within the client's ``timeout`` in all."""
-        limit = self._timeout
+        limit = self._timeout  # (the messages below name it)
         phase = "slot"  # what the deadline cut short: waiting for a connection, connecting, the exchange
         self.busy += 1
         try:
@@ -205,7 +205,7 @@ class OriginClient:
     def _forget(self, conn: _Conn) -> None:
         """``conn`` leaves this client's idle list: the budget's too."""
         if self._budget is not None:
-            self._budget.idle.pop(conn, None)
+            self._budget.forget(conn)
 
     async def _connect(self) -> _Conn:
         try:
@@ -329,7 +329,7 @@ class OriginTransport(httpx.AsyncBaseTransport):
     The client's layers stay httpx's (URLs, cookies, auth, redirects, event hooks, traces;
     a client given a transport ignores the environment's proxies: ``BoundedHTTP`` keeps
     httpx's own when one is named, ``environment_has_proxy``); the exchange is the lean
-    one, ~0.4 ms of CPU less a request (docs/design/http.md). It takes the http(s)
+    one (why, and what it saves: docs/design/http.md). It takes the http(s)
     requests whose every httpx timeout is the transport's ``timeout`` (the client's total
     bound, ``BoundedHTTP``'s deadline), and reads each answer whole. The rest goes to
     ``fallback`` (httpx's own transport): a request sent with ``stream=True``
